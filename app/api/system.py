@@ -1,0 +1,69 @@
+"""GET /v1/models, /health, /ready and /engines (specgate's view of its engines)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from app.api.state import GatewayState, gateway_state
+from app.engines.vllm_local import LocalVLLMEngine
+
+router = APIRouter()
+_CREATED = int(time.time())
+
+
+@router.get("/v1/models")
+async def list_models(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
+    data: list[dict[str, Any]] = []
+    for name, model in state.pool.config.models.items():
+        data.append(_model_card(name, name, {"default_method": model.default_method}))
+        for engine in state.pool:
+            if engine.id.model == name:
+                data.append(_model_card(str(engine.id), name, _engine_extra(engine)))
+    return {"object": "list", "data": data}
+
+
+def _model_card(model_id: str, root: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "specgate", "root": root, **extra}
+
+
+def _engine_extra(engine: LocalVLLMEngine) -> dict[str, Any]:
+    info = engine.info
+    return {
+        "method": info.id.method,
+        "speculative_method": info.speculative_method,
+        "num_speculative_tokens": info.num_speculative_tokens,
+        "max_model_len": info.max_model_len,
+    }
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(state: GatewayState = Depends(gateway_state)) -> JSONResponse:
+    engines = {str(e.id): await e.health() for e in state.pool}
+    ok = bool(engines) and all(engines.values())
+    return JSONResponse({"ready": ok, "engines": engines}, status_code=200 if ok else 503)
+
+
+@router.get("/engines")
+async def engines(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
+    return {
+        "engines": [
+            {
+                "engine": str(e.id),
+                **_engine_extra(e),
+                "target": e.info.target,
+                "speculative_config": e.info.speculative_config,
+                **asdict(e.stats()),
+            }
+            for e in state.pool
+        ]
+    }

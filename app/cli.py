@@ -1,0 +1,105 @@
+"""`specgate serve | check-config | prepare-model`: argv -> settings -> action."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from app.config import ConfigError, Settings, SpecgateConfig, load_config
+
+logger = logging.getLogger("specgate")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("serve", "start the gateway and its engines"),
+        ("check-config", "validate a config, including every engine's vLLM config, without starting engines"),
+    ):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--config", type=Path, help="YAML config (default: the embedded SmolLM2 demo)")
+        cmd.add_argument("--cache-dir", type=Path, help="where the embedded model is converted to")
+        cmd.add_argument("--log-level", help="debug, info, warning, error")
+        if name == "serve":
+            cmd.add_argument("--host", help="bind address (default 127.0.0.1)")
+            cmd.add_argument("--port", type=int, help="port (default 8000)")
+    prep = sub.add_parser("prepare-model", help="convert the embedded model once and print its folder")
+    prep.add_argument("--cache-dir", type=Path)
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    flags = {
+        key: getattr(args, key)
+        for key in ("host", "port", "config", "cache_dir", "log_level")
+        if getattr(args, key, None) is not None
+    }
+    return Settings(**flags)  # flags win over SPECGATE_* variables
+
+
+def read_config(settings: Settings) -> SpecgateConfig:
+    from app.embedded import resolve_embedded_targets
+
+    if settings.config is not None:
+        config = load_config(settings.config)
+    else:
+        default = resources.files("app").joinpath("default_config.yaml")
+        with resources.as_file(default) as path:
+            config = load_config(path)
+    return resolve_embedded_targets(config, settings.cache_dir)
+
+
+def _serve(settings: Settings, config: SpecgateConfig) -> int:
+    import uvicorn
+
+    from app.api.app import build_app
+
+    app = build_app(config, settings)
+    # Fail on a bad engine config here, with one line, before uvicorn starts.
+    app.state.gateway.pool.prepare()
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    return 0
+
+
+def _check(config: SpecgateConfig) -> int:
+    from app.engines.pool import EnginePool
+
+    pool = EnginePool(config)
+    pool.prepare()
+    for engine in pool:
+        info = engine.info
+        print(f"ok  {info.id}  method={info.speculative_method}  N={info.num_speculative_tokens}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Nothing is fetched from a model hub unless the operator says so.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        settings = settings_from(args)
+        logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        if args.command == "prepare-model":
+            from app.embedded import ensure_embedded_model
+
+            print(ensure_embedded_model(settings.cache_dir))
+            return 0
+        config = read_config(settings)
+        if args.command == "check-config":
+            return _check(config)
+        return _serve(settings, config)
+    except ConfigError as exc:
+        print(f"specgate: config error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # EngineConfigError and settings errors
+        print(f"specgate: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Typed configuration: process settings (CLI flags and SPECGATE_* environment) and
+the YAML file of served models, each with its named speculative methods.
+
+Nothing is read at import time; `load_config` turns a file into a validated
+`SpecgateConfig` or raises `ConfigError` with one line naming the key path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BASELINE_METHOD = "none"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key and the problem."""
+
+
+class Settings(BaseSettings):
+    """Process-level settings: CLI flags override SPECGATE_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECGATE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    config: Path | None = None
+    cache_dir: Path = Path.home() / ".cache" / "specgate"
+    log_level: str = "info"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Strict):
+    """vLLM engine arguments shared by a model's engines (a method may override any)."""
+
+    max_model_len: int | None = Field(default=None, gt=0)
+    dtype: str | None = None
+    tensor_parallel_size: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    device_ids: list[int] | None = None
+    enforce_eager: bool | None = None
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    seed: int | None = None
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further AsyncEngineArgs fields, passed to vLLM unchanged.",
+    )
+
+    def merged(self, override: EngineSettings) -> EngineSettings:
+        """`override`'s explicitly set fields win; extra_args merge key by key."""
+        data = self.model_dump(exclude_unset=True)
+        over = override.model_dump(exclude_unset=True)
+        extra = {**data.pop("extra_args", {}), **over.pop("extra_args", {})}
+        return EngineSettings(**{**data, **over, "extra_args": extra})
+
+    def to_engine_kwargs(self) -> dict[str, Any]:
+        kwargs = {
+            k: v
+            for k, v in self.model_dump(exclude={"extra_args"}).items()
+            if v is not None
+        }
+        return {**kwargs, **self.extra_args}
+
+
+class MethodConfig(_Strict):
+    """One engine of a model: its speculative_config (None = baseline) and overrides."""
+
+    speculative_config: dict[str, Any] | None = None
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _has_method(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # vLLM guesses the method from the draft's name when it is missing:
+        # a guess is not something to deploy.
+        if value is not None and "method" not in value:
+            raise ValueError("speculative_config needs an explicit 'method'")
+        return value
+
+    @property
+    def speculative_method(self) -> str:
+        if self.speculative_config is None:
+            return BASELINE_METHOD
+        return str(self.speculative_config["method"])
+
+    @property
+    def num_speculative_tokens(self) -> int | None:
+        if self.speculative_config is None:
+            return None
+        value = self.speculative_config.get("num_speculative_tokens")
+        return int(value) if value is not None else None
+
+
+class ModelConfig(_Strict):
+    """A served model: one target checkpoint, several engines (one per method)."""
+
+    target: str = Field(description="Local folder or hub id of the target model.")
+    tokenizer: str | None = None
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    methods: dict[str, MethodConfig] = Field(min_length=1)
+    default_method: str
+
+    @field_validator("methods")
+    @classmethod
+    def _method_names(cls, methods: dict[str, MethodConfig]) -> dict[str, MethodConfig]:
+        for name in methods:
+            _check_name(name, "method")
+        return methods
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> ModelConfig:
+        if self.default_method not in self.methods:
+            known = ", ".join(sorted(self.methods))
+            raise ValueError(
+                f"default_method '{self.default_method}' is not one of the methods ({known})"
+            )
+        return self
+
+    def engine_for(self, method: str) -> EngineSettings:
+        return self.engine.merged(self.methods[method].engine)
+
+
+class SpecgateConfig(_Strict):
+    """The whole file: the served models by name."""
+
+    models: dict[str, ModelConfig] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        for name in models:
+            _check_name(name, "model")
+        return models
+
+
+def _check_name(name: str, what: str) -> None:
+    # ':' separates model and method in the OpenAI `model` field.
+    if not name or ":" in name or name != name.strip():
+        raise ValueError(f"{what} name '{name}' must be non-empty, without ':' or spaces")
+
+
+def load_config(path: Path) -> SpecgateConfig:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(raw, source=str(path))
+
+
+def parse_config(raw: Any, source: str = "config") -> SpecgateConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with a 'models' key")
+    try:
+        return SpecgateConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source)) from None
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line: the first error's dotted key path and message (+ how many more)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {key}: {message}{more}"

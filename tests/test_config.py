@@ -1,0 +1,116 @@
+"""Config validation: one clear line naming the key path, before any engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.config import ConfigError, EngineSettings, load_config, parse_config
+from tests.conftest import repo_root
+
+
+def model(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "target": "/models/x",
+        "methods": {"none": {}, "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}},
+        "default_method": "none",
+    }
+    return {**base, **overrides}
+
+
+def error_of(raw: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, source="cfg.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_config_round_trips() -> None:
+    config = parse_config({"models": {"m": model()}})
+    assert config.models["m"].methods["ngram"].speculative_method == "ngram"
+    assert config.models["m"].methods["ngram"].num_speculative_tokens == 4
+    assert config.models["m"].methods["none"].speculative_method == "none"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({}, "cfg.yaml: models: Field required"),
+        ([], "cfg.yaml: the top level must be a mapping"),
+        ({"models": {}}, "cfg.yaml: models: "),
+        ({"models": {"m": model(default_method="eagle3")}}, "default_method 'eagle3' is not one of the methods"),
+        ({"models": {"m": model(engine={"max_model_len": -1})}}, "cfg.yaml: models.m.engine.max_model_len:"),
+        ({"models": {"m": model(engine={"gpu_memory_utilisation": 0.5})}},
+         "cfg.yaml: models.m.engine.gpu_memory_utilisation: Extra inputs are not permitted"),
+        ({"models": {"m": model(methods={"x": {"speculative_config": {"num_speculative_tokens": 3}}},
+                                default_method="x")}},
+         "models.m.methods.x.speculative_config: speculative_config needs an explicit 'method'"),
+        ({"models": {"a:b": model()}}, "model name 'a:b' must be non-empty, without ':'"),
+        ({"models": {"m": model(methods={"x:y": {}}, default_method="x:y")}}, "method name 'x:y'"),
+        ({"models": {"m": model(target=None)}}, "cfg.yaml: models.m.target:"),
+    ],
+)
+def test_invalid_configs_name_the_key(raw: Any, expected: str) -> None:
+    assert expected in error_of(raw)
+
+
+def test_load_config_reports_yaml_and_missing_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_method_engine_settings_override_model_settings() -> None:
+    base = EngineSettings(max_model_len=2048, enforce_eager=True, extra_args={"a": 1, "b": 1})
+    merged = base.merged(EngineSettings(enforce_eager=False, device_ids=[2, 3], extra_args={"b": 2}))
+    assert merged.to_engine_kwargs() == {
+        "max_model_len": 2048, "enforce_eager": False, "device_ids": [2, 3], "a": 1, "b": 2,
+    }
+
+
+def test_shipped_configs_load() -> None:
+    for path in [repo_root() / "app" / "default_config.yaml", *sorted((repo_root() / "deploy").rglob("*.yaml"))]:
+        raw = yaml.safe_load(path.read_text())
+        if isinstance(raw, dict) and "models" in raw:
+            parse_config(raw, source=str(path))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=600,
+                          cwd=repo_root())
+
+
+def test_serve_refuses_invalid_file_before_any_engine(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"models": {"m": model(default_method="nope")}}))
+    result = run_cli("serve", "--config", str(path), "--port", "1")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("specgate:")]
+    assert len(lines) == 1 and "models.m: default_method 'nope'" in lines[0]
+
+
+def test_vllm_rejection_names_model_and_method(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_maximum": 3}
+    raw = {"models": {"tiny": model(target="embedded:smollm2",
+                                    methods={"none": {}, "typo": {"speculative_config": spec}})}}
+    path.write_text(yaml.safe_dump(raw))
+    result = run_cli("check-config", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "engine tiny:typo" in result.stderr
+    assert "prompt_lookup_maximum" in result.stderr
+
+
+def test_check_config_accepts_the_default() -> None:
+    result = run_cli("check-config")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ok  smollm2:ngram  method=ngram  N=4" in result.stdout
