@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 BASELINE = "none"
@@ -188,9 +188,7 @@ def comma_ints(value: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
     parser.add_argument("--model", default="smollm2", help="model id; targets are <model>:<method>")
     parser.add_argument("--methods", type=comma_list, default="none,ngram", help="comma list of methods")
@@ -293,7 +291,7 @@ class PlanState:
     max_tokens: int
     total: int
     progress: Progress
-    task: Any
+    task: TaskID
     sent: int = 0
 
     def take(self) -> int | None:
@@ -306,18 +304,14 @@ class PlanState:
         self.progress.advance(self.task)
 
 
-async def worker(
-    client: httpx.AsyncClient, cell: CellResult, prompts: Sequence[str], plan: PlanState
-) -> None:
+async def worker(client: httpx.AsyncClient, cell: CellResult, prompts: Sequence[str], plan: PlanState) -> None:
     while (index := plan.take()) is not None:
         target = f"{plan.model}:{cell.method}"
         cell.results.append(await send(client, target, prompts[index % len(prompts)], plan.max_tokens))
         plan.advance()
 
 
-async def warm_up(
-    client: httpx.AsyncClient, args: argparse.Namespace, method: str, prompts: Sequence[str]
-) -> None:
+async def warm_up(client: httpx.AsyncClient, args: argparse.Namespace, method: str, prompts: Sequence[str]) -> None:
     for i in range(args.warmup):
         await send(client, f"{args.model}:{method}", prompts[i % len(prompts)], args.max_tokens)
 
@@ -424,7 +418,8 @@ def markdown_table(rows: Sequence[Sequence[str]]) -> str:
 def report(args: argparse.Namespace, cells: Sequence[CellResult]) -> None:
     rows = table_rows(cells)
     title = f"specgate {args.url} model={args.model} max_tokens={args.max_tokens} temperature=0"
-    Console().print(rich_table(rows, title))
+    # Not a terminal (piped, CI log): do not squeeze the table into 80 columns.
+    Console(width=None if sys.stdout.isatty() else 140).print(rich_table(rows, title))
     markdown = markdown_table(rows)
     if args.out is not None:
         args.out.write_text(markdown)

@@ -114,3 +114,31 @@ def test_check_config_accepts_the_default() -> None:
     result = run_cli("check-config")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ok  smollm2:ngram  method=ngram  N=4" in result.stdout
+
+
+def test_shipped_configs_use_only_fields_vllm_knows() -> None:
+    # No download: introspect the installed vLLM's own config classes.
+    import dataclasses
+    import typing
+
+    from vllm import AsyncEngineArgs
+    from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
+
+    spec_fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    methods = set(typing.get_args(SpeculativeMethod))
+    checked = 0
+    for path in sorted((repo_root() / "deploy").rglob("*.yaml")) + [repo_root() / "app" / "default_config.yaml"]:
+        raw = yaml.safe_load(path.read_text())
+        if not (isinstance(raw, dict) and "models" in raw):
+            continue
+        config = parse_config(raw, source=str(path))
+        for name, served in config.models.items():
+            for method_name, method in served.methods.items():
+                where = f"{path.name}: {name}:{method_name}"
+                assert set(served.engine_for(method_name).to_engine_kwargs()) <= engine_fields, where
+                if method.speculative_config is not None:
+                    assert set(method.speculative_config) <= spec_fields, where
+                    assert method.speculative_config["method"] in methods, where
+                checked += 1
+    assert checked >= 5

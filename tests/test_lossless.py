@@ -11,7 +11,7 @@ from tests.conftest import MODEL
 FRUITS = ("apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
           "mango, nectarine, orange, papaya, quince, raspberry")
 PROMPTS = [
-    f"Repeat this list exactly, keeping the commas: {FRUITS}.",
+    f"Repeat this list exactly: {FRUITS}.",
     "Write a short poem about the sea.",
     "Copy this code unchanged:\ndef add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n",
     "Explain in three sentences why the sky is blue.",
