@@ -128,7 +128,7 @@ def test_shipped_configs_use_only_fields_vllm_knows() -> None:
     engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     methods = set(typing.get_args(SpeculativeMethod))
     checked = 0
-    for path in sorted((repo_root() / "deploy").rglob("*.yaml")) + [repo_root() / "app" / "default_config.yaml"]:
+    for path in [*sorted((repo_root() / "deploy").rglob("*.yaml")), repo_root() / "app" / "default_config.yaml"]:
         raw = yaml.safe_load(path.read_text())
         if not (isinstance(raw, dict) and "models" in raw):
             continue

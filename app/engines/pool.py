@@ -46,6 +46,7 @@ class EnginePool:
             for engine in self:
                 await asyncio.to_thread(engine.start)
                 started.append(engine)
+                await engine.warm_up()
         except BaseException:
             logger.error("an engine failed to start; stopping the %d already started", len(started))
             for engine in reversed(started):

@@ -31,6 +31,7 @@ from app.engines.base import (
     EngineUnavailableError,
     Prompt,
     Sampling,
+    TextPrompt,
 )
 from app.engines.vllm_outputs import build_record, choice_delta, spec_counts
 from app.engines.vllm_stats import (
@@ -125,6 +126,12 @@ class LocalVLLMEngine:
             stat_loggers=[SilentPrometheusStatLogger, snapshot_logger],
             disable_log_stats=False,
         )
+
+    async def warm_up(self) -> None:
+        """One tiny request, so the first client does not pay for lazy kernel set-up
+        (seconds on CPU) in its TTFT."""
+        async for _ in self.generate(TextPrompt(text="Hello"), Sampling(max_tokens=2), f"warmup-{self.id}"):
+            pass
 
     def shutdown(self) -> None:
         if self._llm is not None:
