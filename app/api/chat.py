@@ -6,14 +6,11 @@ import time
 from collections.abc import Sequence
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from app.api.generation import (
     Collected,
     cancel_on_disconnect,
-    collect,
-    engine_headers,
     new_request_id,
     resolve_engine,
     sampling_from,
@@ -31,7 +28,7 @@ from app.api.protocol import (
     LogprobEntry,
     TopLogprobEntry,
 )
-from app.api.sse import Chunk, sse_events, sse_response, usage_of
+from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChatPrompt, ChoiceDelta, TokenLogprob
 
@@ -50,13 +47,9 @@ async def _serve(body: ChatCompletionRequest, request: Request, state: GatewaySt
     prompt = ChatPrompt([m.to_engine() for m in body.messages], body.chat_template_kwargs or {})
     sampling = sampling_from(body, body.output_limit(), body.logprobs_k())
     generation = await start_generation(engine, prompt, sampling, new_request_id("chatcmpl"))
-    headers = engine_headers(engine)
-    if body.stream:
-        renderer = _ChunkRenderer(generation.request_id, str(engine.id), body.logprobs)
-        return sse_response(sse_events(generation, renderer, body.include_usage), headers)
-    collected = await collect(generation)
-    response = _response(generation.request_id, str(engine.id), collected, body.logprobs)
-    return JSONResponse(response.model_dump(mode="json"), headers=headers)
+    request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs
+    renderer = _ChunkRenderer(request_id, model, logprobs)
+    return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))
 
 
 def _response(

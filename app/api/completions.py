@@ -6,21 +6,18 @@ import time
 from collections.abc import Sequence
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from app.api.generation import (
     Collected,
     cancel_on_disconnect,
-    collect,
-    engine_headers,
     new_request_id,
     resolve_engine,
     sampling_from,
     start_generation,
 )
 from app.api.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from app.api.sse import Chunk, sse_events, sse_response, usage_of
+from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChoiceDelta, TextPrompt, TokenLogprob
 
@@ -40,13 +37,9 @@ async def _serve(body: CompletionRequest, request: Request, state: GatewayState)
     prompt = TextPrompt(text=raw) if isinstance(raw, str) else TextPrompt(token_ids=raw)
     sampling = sampling_from(body, body.max_tokens, body.logprobs)
     generation = await start_generation(engine, prompt, sampling, new_request_id("cmpl"))
-    headers = engine_headers(engine)
-    if body.stream:
-        renderer = _ChunkRenderer(generation.request_id, str(engine.id), body.logprobs is not None)
-        return sse_response(sse_events(generation, renderer, body.include_usage), headers)
-    collected = await collect(generation)
-    response = _response(generation.request_id, str(engine.id), collected, body.logprobs is not None)
-    return JSONResponse(response.model_dump(mode="json"), headers=headers)
+    request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs is not None
+    renderer = _ChunkRenderer(request_id, model, logprobs)
+    return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))
 
 
 def _response(request_id: str, model: str, collected: Collected, logprobs: bool) -> CompletionResponse:

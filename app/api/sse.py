@@ -1,4 +1,4 @@
-"""Server-sent events exactly as OpenAI frames them: `data: <json>\\n\\n` per
+"""How an answer leaves: one JSON body, or server-sent events exactly as OpenAI frames them: `data: <json>\\n\\n` per
 chunk, `data: [DONE]` last. Every delta is written as soon as the engine gives
 it (nothing buffered); the request record rides on the final chunk, the usage
 chunk when `stream_options.include_usage` is set.
@@ -7,14 +7,16 @@ chunk when `stream_options.include_usage` is set.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
-from starlette.responses import StreamingResponse
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.responses import Response, StreamingResponse
 
 from app.api.errors import api_error_for
-from app.api.generation import Generation
-from app.api.protocol import ChatCompletionChunk, CompletionResponse, Usage
+from app.api.generation import Collected, Generation, collect, engine_headers
+from app.api.protocol import ChatCompletionChunk, CompletionResponse, SamplingFields, Usage
 from app.engines.base import ChoiceDelta, EngineError
 from app.metrics import RequestRecord
 
@@ -82,3 +84,17 @@ def sse_response(events: AsyncIterator[str], headers: Mapping[str, str]) -> Stre
         media_type="text/event-stream",
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def respond(
+    generation: Generation,
+    body: SamplingFields,
+    renderer: ChunkRenderer,
+    build: Callable[[Collected], BaseModel],
+) -> Response:
+    """Stream the generation as SSE, or collect it into the body `build` makes."""
+    headers = engine_headers(generation.engine)
+    if body.stream:
+        return sse_response(sse_events(generation, renderer, body.include_usage), headers)
+    collected = await collect(generation)
+    return JSONResponse(build(collected).model_dump(mode="json"), headers=headers)
