@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.specgate-installed
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install model run test lint bench
+.PHONY: install model run test lint bench system-deps
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,17 @@ run: model
 	$(VENV)/bin/specgate serve $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check app tests scripts
+	$(VENV)/bin/ruff check app tests scripts dashboards
 	$(VENV)/bin/mypy
 
-test: model lint
+# The metrics tests run a real Prometheus: Debian's package.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: model system-deps lint
 	$(VENV)/bin/pytest -ra $(ARGS)
 
 bench: install

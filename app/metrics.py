@@ -1,6 +1,7 @@
-"""The per-request record: what one finished request cost and what speculation
-bought it. The same record is put into the response (the `specgate` field) and,
-later, into Prometheus, so the two can never disagree.
+"""The per-request record, what one finished request cost and what speculation
+bought it, and every Prometheus series. The same record goes into the response
+(the `specgate` field) and into the metrics, so the two can never disagree
+(docs/metrics.md lists the series).
 
 Speculative figures come only from vLLM's per-request metrics; a figure that was
 not measured is None (null in JSON), never a made-up zero.
@@ -11,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.registry import Collector
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,12 @@ class SpecCounts:
     @property
     def num_accepted_draft_tokens(self) -> int:
         return sum(j * count for j, count in enumerate(self.acceptance_histogram))
+
+    def accepted_by_position(self) -> list[int]:
+        """Accepted drafts per draft position 1..N: acceptance is a prefix, so a
+        step that accepted j drafts accepted positions 1..j. Exact."""
+        width = len(self.acceptance_histogram) - 1
+        return [sum(self.acceptance_histogram[p:]) for p in range(1, width + 1)]
 
     @staticmethod
     def combine(parts: Sequence[SpecCounts]) -> SpecCounts:
@@ -63,6 +73,15 @@ class RequestRecord:
     timing: Timing = field(default_factory=Timing)
 
     @property
+    def outcome(self) -> str:
+        """One finish reason for the whole request: for n > 1, the least complete
+        of its choices (abort over length over stop)."""
+        for reason in ("abort", "length"):
+            if reason in self.finish_reasons:
+                return reason
+        return self.finish_reasons[0] if self.finish_reasons else "stop"
+
+    @property
     def mean_acceptance_length(self) -> float | None:
         # MAL counts the bonus token (the study's and vLLM's definition); over
         # zero speculative steps it is undefined, not 1.
@@ -95,3 +114,134 @@ class RequestRecord:
             "completion_tokens": self.completion_tokens,
             **asdict(self.timing),
         }
+
+
+# ---- Prometheus ----
+
+LABELS = ("model", "method")
+# vLLM's own names, so `vllm bench serve` and vLLM's dashboards work unchanged.
+VLLM_LABELS = ("model_name", "engine")
+MAL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 16.0)
+RATIO_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+RATE_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0)
+TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class GatewayMetrics:
+    """Every series specgate exports, in its own registry, fed by `RequestRecord`s."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg, lab = self.registry, LABELS
+        self.requests = Counter("specgate_requests", "Finished requests by outcome.", (*lab, "outcome"),
+                                registry=reg)
+        self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens.", lab, registry=reg)
+        self.output_tokens = Counter("specgate_output_tokens", "Generated tokens.", lab, registry=reg)
+        self.spec_steps = Counter("specgate_spec_steps", "Verification steps with drafts.", lab, registry=reg)
+        self.draft_tokens = Counter("specgate_spec_draft_tokens", "Draft tokens proposed.", lab, registry=reg)
+        self.accepted_tokens = Counter("specgate_spec_accepted_tokens", "Draft tokens accepted.", lab, registry=reg)
+        self.accepted_by_position = Counter(
+            "specgate_spec_accepted_tokens_by_position", "Accepted drafts at a draft position (1..N).",
+            (*lab, "position"), registry=reg)
+        self.mal = Histogram("specgate_request_acceptance_length", "Per-request mean acceptance length.", lab,
+                             buckets=MAL_BUCKETS, registry=reg)
+        self.acceptance = Histogram("specgate_request_draft_acceptance_ratio", "Per-request accepted/drafted.",
+                                    lab, buckets=RATIO_BUCKETS, registry=reg)
+        self.decode_rate = Histogram("specgate_request_decode_tokens_per_second", "Per-request decode tokens/s.",
+                                     lab, buckets=RATE_BUCKETS, registry=reg)
+        self.tpot = Histogram("specgate_request_time_per_output_token_seconds", "Per-request decode s/token.",
+                              lab, buckets=TPOT_BUCKETS, registry=reg)
+        self.ttft = Histogram("specgate_request_ttft_seconds", "Time to first token.", lab,
+                              buckets=LATENCY_BUCKETS, registry=reg)
+        self.e2e = Histogram("specgate_request_e2e_seconds", "Arrival to final output.", lab,
+                             buckets=LATENCY_BUCKETS, registry=reg)
+        self.output_length = Histogram("specgate_request_output_tokens", "Generated tokens per request.", lab,
+                                       buckets=TOKEN_BUCKETS, registry=reg)
+        self.in_flight = Gauge("specgate_requests_in_flight", "Requests admitted and not finished.", lab,
+                               registry=reg)
+        self._vllm = VllmCompatibleMetrics(reg)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request, from exactly the record its client got."""
+        lab = (record.model, record.method)
+        self.requests.labels(*lab, record.outcome).inc()
+        self.prompt_tokens.labels(*lab).inc(record.prompt_tokens)
+        self.output_tokens.labels(*lab).inc(record.completion_tokens)
+        self.output_length.labels(*lab).observe(record.completion_tokens)
+        self._observe_timing(lab, record.timing)
+        if record.spec is not None:
+            self._observe_spec(lab, record)
+        self._vllm.observe(record)
+
+    def observe_failure(self, model: str, method: str, outcome: str) -> None:
+        self.requests.labels(model, method, outcome).inc()
+
+    def _observe_timing(self, lab: tuple[str, str], timing: Timing) -> None:
+        if timing.ttft_s is not None:
+            self.ttft.labels(*lab).observe(timing.ttft_s)
+        if timing.e2e_s is not None:
+            self.e2e.labels(*lab).observe(timing.e2e_s)
+        if timing.decode_tokens_per_s:
+            self.decode_rate.labels(*lab).observe(timing.decode_tokens_per_s)
+            self.tpot.labels(*lab).observe(1.0 / timing.decode_tokens_per_s)
+
+    def _observe_spec(self, lab: tuple[str, str], record: RequestRecord) -> None:
+        spec = record.spec
+        assert spec is not None
+        self.spec_steps.labels(*lab).inc(spec.num_spec_steps)
+        self.draft_tokens.labels(*lab).inc(spec.num_draft_tokens)
+        self.accepted_tokens.labels(*lab).inc(spec.num_accepted_draft_tokens)
+        for position, count in enumerate(spec.accepted_by_position(), start=1):
+            self.accepted_by_position.labels(*lab, str(position)).inc(count)
+        if record.mean_acceptance_length is not None:
+            self.mal.labels(*lab).observe(record.mean_acceptance_length)
+        if record.draft_acceptance_rate is not None:
+            self.acceptance.labels(*lab).observe(record.draft_acceptance_rate)
+
+    def register(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class VllmCompatibleMetrics:
+    """The `vllm:*` series vLLM's own tools read, one `model_name` per engine
+    ("model:method"), correct for every engine at once."""
+
+    def __init__(self, reg: CollectorRegistry) -> None:
+        lab = VLLM_LABELS
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Spec decode drafts.", lab, registry=reg)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens.", lab, registry=reg)
+        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Accepted tokens.", lab, registry=reg)
+        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted tokens per draft position (0-based).", (*lab, "position"),
+                                        registry=reg)
+        self.success = Counter("vllm:request_success", "Finished requests.", (*lab, "finished_reason"),
+                               registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", lab, registry=reg)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens.", lab, registry=reg)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", lab,
+                              buckets=LATENCY_BUCKETS, registry=reg)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean inter-token latency per request.", lab,
+                             buckets=TPOT_BUCKETS, registry=reg)
+
+    def observe(self, record: RequestRecord) -> None:
+        lab = (record.engine, "0")
+        self.success.labels(*lab, record.outcome).inc()
+        self.generation_tokens.labels(*lab).inc(record.completion_tokens)
+        self.prompt_tokens.labels(*lab).inc(record.prompt_tokens)
+        if record.timing.ttft_s is not None:
+            self.ttft.labels(*lab).observe(record.timing.ttft_s)
+        if record.timing.decode_tokens_per_s:
+            self.itl.labels(*lab).observe(1.0 / record.timing.decode_tokens_per_s)
+        spec = record.spec
+        if spec is None:
+            return
+        self.drafts.labels(*lab).inc(spec.num_spec_steps)
+        self.draft_tokens.labels(*lab).inc(spec.num_draft_tokens)
+        self.accepted.labels(*lab).inc(spec.num_accepted_draft_tokens)
+        for position, count in enumerate(spec.accepted_by_position()):
+            self.accepted_per_pos.labels(*lab, str(position)).inc(count)

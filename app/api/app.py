@@ -11,12 +11,17 @@ from app.api import chat, completions, system
 from app.api.errors import install_error_handlers
 from app.api.state import GatewayState
 from app.config import Settings, SpecgateConfig
+from app.engines.collector import EngineCollector
 from app.engines.pool import EnginePool
+from app.metrics import GatewayMetrics
 from app.routing import Router
 
 
 def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
-    state = GatewayState(settings=settings, pool=EnginePool(config), router=Router.from_config(config))
+    pool = EnginePool(config)
+    metrics = GatewayMetrics()
+    metrics.register(EngineCollector(pool))
+    state = GatewayState(settings=settings, pool=pool, router=Router.from_config(config), metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

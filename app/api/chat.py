@@ -46,7 +46,7 @@ async def _serve(body: ChatCompletionRequest, request: Request, state: GatewaySt
     engine = resolve_engine(state, request, body.model)
     prompt = ChatPrompt([m.to_engine() for m in body.messages], body.chat_template_kwargs or {})
     sampling = sampling_from(body, body.output_limit(), body.logprobs_k())
-    generation = await start_generation(engine, prompt, sampling, new_request_id("chatcmpl"))
+    generation = await start_generation(state, engine, prompt, sampling, new_request_id("chatcmpl"))
     request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs
     renderer = _ChunkRenderer(request_id, model, logprobs)
     return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))

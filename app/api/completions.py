@@ -36,7 +36,7 @@ async def _serve(body: CompletionRequest, request: Request, state: GatewayState)
     raw = body.single_prompt()
     prompt = TextPrompt(text=raw) if isinstance(raw, str) else TextPrompt(token_ids=raw)
     sampling = sampling_from(body, body.max_tokens, body.logprobs)
-    generation = await start_generation(engine, prompt, sampling, new_request_id("cmpl"))
+    generation = await start_generation(state, engine, prompt, sampling, new_request_id("cmpl"))
     request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs is not None
     renderer = _ChunkRenderer(request_id, model, logprobs)
     return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))

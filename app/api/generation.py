@@ -23,6 +23,7 @@ from app.api.errors import (
 )
 from app.api.protocol import SamplingFields
 from app.api.state import GatewayState
+from app.api.tracking import RequestTracker
 from app.engines.base import (
     ChoiceDelta,
     EngineInputError,
@@ -84,15 +85,28 @@ class Generation:
     request_id: str
     first: EngineOutput
     rest: AsyncIterator[EngineOutput]
+    tracker: RequestTracker
     finished: bool = False
 
     async def outputs(self) -> AsyncIterator[EngineOutput]:
-        self.finished = self.first.finished
+        try:
+            async for out in self._outputs():
+                if out.record is not None:
+                    self.finished = True
+                    self.tracker.finish(out.record)
+                yield out
+        except EngineInputError:
+            self.tracker.fail("invalid")
+            raise
+        except EngineUnavailableError:
+            self.tracker.fail("error")
+            raise
+
+    async def _outputs(self) -> AsyncIterator[EngineOutput]:
         yield self.first
-        if self.finished:
+        if self.first.finished:
             return
         async for out in self.rest:
-            self.finished = out.finished
             yield out
 
     async def close(self) -> None:
@@ -100,22 +114,27 @@ class Generation:
         await self.rest.aclose()  # type: ignore[attr-defined]
         if not self.finished:
             await self.engine.abort(self.request_id)
+            self.tracker.fail("cancelled")
 
 
 async def start_generation(
-    engine: LocalVLLMEngine, prompt: Prompt, sampling: Sampling, request_id: str
+    state: GatewayState, engine: LocalVLLMEngine, prompt: Prompt, sampling: Sampling, request_id: str
 ) -> Generation:
+    tracker = RequestTracker(state.metrics, engine.id, request_id)
     stream = engine.generate(prompt, sampling, request_id)
     try:
         first = await anext(stream)
     except (EngineInputError, EngineUnavailableError) as exc:
+        tracker.fail("invalid" if isinstance(exc, EngineInputError) else "error")
         raise api_error_for(exc) from None
     except StopAsyncIteration:
+        tracker.fail("error")
         raise ServiceUnavailableError(f"engine {engine.id} ended the request without output") from None
     except BaseException:
+        tracker.fail("cancelled")
         await stream.aclose()  # type: ignore[attr-defined]
         raise
-    return Generation(engine, request_id, first, stream)
+    return Generation(engine, request_id, first, stream, tracker)
 
 
 @dataclass

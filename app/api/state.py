@@ -8,6 +8,7 @@ from fastapi import Request
 
 from app.config import Settings
 from app.engines.pool import EnginePool
+from app.metrics import GatewayMetrics
 from app.routing import Router
 
 
@@ -16,6 +17,7 @@ class GatewayState:
     settings: Settings
     pool: EnginePool
     router: Router
+    metrics: GatewayMetrics
 
 
 def gateway_state(request: Request) -> GatewayState:

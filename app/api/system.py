@@ -7,7 +7,8 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.state import GatewayState, gateway_state
 from app.engines.vllm_local import LocalVLLMEngine
@@ -39,6 +40,11 @@ def _engine_extra(engine: LocalVLLMEngine) -> dict[str, Any]:
         "num_speculative_tokens": info.num_speculative_tokens,
         "max_model_len": info.max_model_len,
     }
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(state: GatewayState = Depends(gateway_state)) -> Response:
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/health")

@@ -1,0 +1,59 @@
+"""What happens when a request ends, exactly once whatever way it ends: the
+metrics see its record (or its failure), the in-flight gauge drops, and one
+structured JSON line goes to the `specgate.access` logger (never prompt or
+completion text)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from app.engines.base import EngineId
+from app.metrics import GatewayMetrics, RequestRecord
+
+logger = logging.getLogger("specgate.access")
+
+
+class RequestTracker:
+    def __init__(self, metrics: GatewayMetrics, engine: EngineId, request_id: str) -> None:
+        self._metrics = metrics
+        self._engine = engine
+        self._request_id = request_id
+        self._ended = False
+        metrics.in_flight.labels(engine.model, engine.method).inc()
+
+    def finish(self, record: RequestRecord) -> None:
+        if self._end():
+            self._metrics.observe(record)
+            _log(self._request_id, self._engine, ",".join(record.finish_reasons), record)
+
+    def fail(self, outcome: str) -> None:
+        """`outcome`: "invalid" (engine refused it), "error" (engine failed), "cancelled"."""
+        if self._end():
+            self._metrics.observe_failure(self._engine.model, self._engine.method, outcome)
+            _log(self._request_id, self._engine, outcome, None)
+
+    def _end(self) -> bool:
+        if self._ended:
+            return False
+        self._ended = True
+        self._metrics.in_flight.labels(self._engine.model, self._engine.method).dec()
+        return True
+
+
+def _log(request_id: str, engine: EngineId, outcome: str, record: RequestRecord | None) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    line: dict[str, object] = {"request_id": request_id, "model": engine.model, "method": engine.method,
+                               "outcome": outcome}
+    if record is not None:
+        line.update(
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            mean_acceptance_length=record.mean_acceptance_length,
+            draft_acceptance_rate=record.draft_acceptance_rate,
+            ttft_s=record.timing.ttft_s,
+            decode_tokens_per_s=record.timing.decode_tokens_per_s,
+            e2e_s=record.timing.e2e_s,
+        )
+    logger.info(json.dumps(line))

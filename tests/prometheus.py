@@ -1,0 +1,78 @@
+"""A real Prometheus (Debian's package) on loopback, scraping a gateway under test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.gateway import free_port
+
+RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yml"
+
+
+@dataclass
+class PrometheusProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, str] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        reply = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=30)
+        body = reply.json()
+        assert body.get("status") == "success", f"{expr}: {body}"
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def wait_for_target(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.query('up{job="specgate"} == 1'):
+                return
+            time.sleep(0.5)
+        raise TimeoutError("Prometheus never scraped the gateway")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_prometheus(workdir: Path, gateway_port: int) -> PrometheusProcess:
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus package is required (make test installs it)"
+    shutil.copy(RULES, workdir / "rules.yml")
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["rules.yml"],
+        "scrape_configs": [{"job_name": "specgate", "static_configs": [{"targets": [f"127.0.0.1:{gateway_port}"]}]}],
+    }
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (workdir / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    prom = PrometheusProcess(proc, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{prom.url}/-/ready", timeout=2).status_code == 200:
+                return prom
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    prom.stop()
+    raise TimeoutError("Prometheus did not become ready")
