@@ -163,6 +163,21 @@ class GatewayMetrics:
                                registry=reg)
         self._vllm = VllmCompatibleMetrics(reg)
 
+    def add_engine(self, model: str, method: str, num_speculative_tokens: int | None) -> None:
+        """Create an engine's series at zero, so rates and `vllm bench serve`'s
+        before/after deltas work from the first request. Spec series only for
+        speculating engines (`num_speculative_tokens` not None)."""
+        lab = (model, method)
+        for counter in (self.prompt_tokens, self.output_tokens):
+            counter.labels(*lab)
+        self.in_flight.labels(*lab)
+        if num_speculative_tokens is not None:
+            for counter in (self.spec_steps, self.draft_tokens, self.accepted_tokens):
+                counter.labels(*lab)
+            for position in range(1, num_speculative_tokens + 1):
+                self.accepted_by_position.labels(*lab, str(position))
+        self._vllm.add_engine(f"{model}:{method}", num_speculative_tokens)
+
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request, from exactly the record its client got."""
         lab = (record.model, record.method)
@@ -227,6 +242,16 @@ class VllmCompatibleMetrics:
                               buckets=LATENCY_BUCKETS, registry=reg)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean inter-token latency per request.", lab,
                              buckets=TPOT_BUCKETS, registry=reg)
+
+    def add_engine(self, engine: str, num_speculative_tokens: int | None) -> None:
+        lab = (engine, "0")
+        for counter in (self.generation_tokens, self.prompt_tokens):
+            counter.labels(*lab)
+        if num_speculative_tokens is not None:
+            for counter in (self.drafts, self.draft_tokens, self.accepted):
+                counter.labels(*lab)
+            for position in range(num_speculative_tokens):
+                self.accepted_per_pos.labels(*lab, str(position))
 
     def observe(self, record: RequestRecord) -> None:
         lab = (record.engine, "0")

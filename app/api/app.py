@@ -21,6 +21,8 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     pool = EnginePool(config)
     metrics = GatewayMetrics()
     metrics.register(EngineCollector(pool))
+    for engine in pool:
+        metrics.add_engine(engine.id.model, engine.id.method, engine.info.num_speculative_tokens)
     state = GatewayState(settings=settings, pool=pool, router=Router.from_config(config), metrics=metrics)
 
     @asynccontextmanager
