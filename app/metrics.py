@@ -58,6 +58,10 @@ class Timing:
     decode_tokens_per_s: float | None = None
     e2e_s: float | None = None
 
+    @property
+    def time_per_output_token_s(self) -> float | None:
+        return 1.0 / self.decode_tokens_per_s if self.decode_tokens_per_s else None
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -198,9 +202,9 @@ class GatewayMetrics:
             self.ttft.labels(*lab).observe(timing.ttft_s)
         if timing.e2e_s is not None:
             self.e2e.labels(*lab).observe(timing.e2e_s)
-        if timing.decode_tokens_per_s:
+        if timing.decode_tokens_per_s and timing.time_per_output_token_s:
             self.decode_rate.labels(*lab).observe(timing.decode_tokens_per_s)
-            self.tpot.labels(*lab).observe(1.0 / timing.decode_tokens_per_s)
+            self.tpot.labels(*lab).observe(timing.time_per_output_token_s)
 
     def _observe_spec(self, lab: tuple[str, str], record: RequestRecord) -> None:
         spec = record.spec
@@ -260,8 +264,8 @@ class VllmCompatibleMetrics:
         self.prompt_tokens.labels(*lab).inc(record.prompt_tokens)
         if record.timing.ttft_s is not None:
             self.ttft.labels(*lab).observe(record.timing.ttft_s)
-        if record.timing.decode_tokens_per_s:
-            self.itl.labels(*lab).observe(1.0 / record.timing.decode_tokens_per_s)
+        if record.timing.time_per_output_token_s is not None:
+            self.itl.labels(*lab).observe(record.timing.time_per_output_token_s)
         spec = record.spec
         if spec is None:
             return

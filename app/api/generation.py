@@ -23,7 +23,7 @@ from app.api.errors import (
 )
 from app.api.protocol import SamplingFields
 from app.api.state import GatewayState
-from app.api.tracking import RequestTracker
+from app.api.tracking import RequestTracker, failure_outcome
 from app.engines.base import (
     ChoiceDelta,
     EngineInputError,
@@ -95,11 +95,8 @@ class Generation:
                     self.finished = True
                     self.tracker.finish(out.record)
                 yield out
-        except EngineInputError:
-            self.tracker.fail("invalid")
-            raise
-        except EngineUnavailableError:
-            self.tracker.fail("error")
+        except (EngineInputError, EngineUnavailableError) as exc:
+            self.tracker.fail(failure_outcome(exc))
             raise
 
     async def _outputs(self) -> AsyncIterator[EngineOutput]:
@@ -125,7 +122,7 @@ async def start_generation(
     try:
         first = await anext(stream)
     except (EngineInputError, EngineUnavailableError) as exc:
-        tracker.fail("invalid" if isinstance(exc, EngineInputError) else "error")
+        tracker.fail(failure_outcome(exc))
         raise api_error_for(exc) from None
     except StopAsyncIteration:
         tracker.fail("error")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 
-from app.engines.base import EngineId
+from app.engines.base import EngineId, EngineInputError
 from app.metrics import GatewayMetrics, RequestRecord
 
 logger = logging.getLogger("specgate.access")
@@ -25,7 +25,7 @@ class RequestTracker:
     def finish(self, record: RequestRecord) -> None:
         if self._end():
             self._metrics.observe(record)
-            _log(self._request_id, self._engine, ",".join(record.finish_reasons), record)
+            _log(self._request_id, self._engine, record.outcome, record)
 
     def fail(self, outcome: str) -> None:
         """`outcome`: "invalid" (engine refused it), "error" (engine failed), "cancelled"."""
@@ -39,6 +39,11 @@ class RequestTracker:
         self._ended = True
         self._metrics.in_flight.labels(self._engine.model, self._engine.method).dec()
         return True
+
+
+def failure_outcome(exc: Exception) -> str:
+    """The outcome of an engine error: the engine refused the request, or failed."""
+    return "invalid" if isinstance(exc, EngineInputError) else "error"
 
 
 def _log(request_id: str, engine: EngineId, outcome: str, record: RequestRecord | None) -> None:
