@@ -1,4 +1,4 @@
-"""`specgate serve | check-config | prepare-model`: argv -> settings -> action."""
+"""`specgate serve | bench | tune | check-config | prepare-model`: argv -> settings -> action."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from app.bench.commands import add_bench_args, add_tune_args
+from app.bench.runner import BenchError
+from app.bench.workloads import WorkloadError
 from app.config import ConfigError, Settings, SpecgateConfig, load_config
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 logger = logging.getLogger("specgate")
 
@@ -20,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("serve", "start the gateway and its engines"),
         ("check-config", "validate a config, including every engine's vLLM config, without starting engines"),
+        ("tune", "sweep N for one method: one engine per N, one at a time; print the curve and the best config"),
     ):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("--config", type=Path, help="YAML config (default: the embedded SmolLM2 demo)")
@@ -28,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "serve":
             cmd.add_argument("--host", help="bind address (default 127.0.0.1)")
             cmd.add_argument("--port", type=int, help="port (default 8000)")
+        if name == "tune":
+            add_tune_args(cmd)
+    add_bench_args(sub.add_parser("bench", help="load-test a gateway or any OpenAI-compatible server"))
     prep = sub.add_parser("prepare-model", help="convert the embedded model once and print its folder")
     prep.add_argument("--cache-dir", type=Path)
     return parser
@@ -77,6 +88,25 @@ def _check(config: SpecgateConfig) -> int:
     return 0
 
 
+def _console() -> Console:
+    from rich.console import Console
+
+    # Logs and CI are no terminal: rich would squeeze the study table into 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from app.bench.commands import bench_command
+
+    return bench_command(args, _console())
+
+
+def _tune(args: argparse.Namespace, config: SpecgateConfig) -> int:
+    from app.bench.commands import tune_command, tune_plan
+
+    return tune_command(tune_plan(args, config), _console())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Nothing is fetched from a model hub unless the operator says so.
@@ -84,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "prepare-model":
             from app.embedded import ensure_embedded_model
 
@@ -92,9 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         config = read_config(settings)
         if args.command == "check-config":
             return _check(config)
+        if args.command == "tune":
+            return _tune(args, config)
         return _serve(settings, config)
     except ConfigError as exc:
         print(f"specgate: config error: {exc}", file=sys.stderr)
+        return 2
+    except (BenchError, WorkloadError) as exc:
+        print(f"specgate: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # EngineConfigError and settings errors
         print(f"specgate: {exc}", file=sys.stderr)

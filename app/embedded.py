@@ -85,16 +85,27 @@ EMBEDDED_NAMES = ("smollm2",)
 
 
 def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> SpecgateConfig:
-    """Replace every `target: embedded:<name>` by the converted local folder."""
+    """Replace every `embedded:<name>`, as a `target` or as a draft `speculative_config.model`
+    (the embedded model drafting for itself), by the converted local folder."""
     models = {}
     for name, model in config.models.items():
-        if model.target.startswith(EMBEDDED_PREFIX):
-            which = model.target.removeprefix(EMBEDDED_PREFIX)
-            if which not in EMBEDDED_NAMES:
-                raise ConfigError(
-                    f"models.{name}.target: unknown embedded model '{which}' "
-                    f"(known: {', '.join(EMBEDDED_NAMES)})"
-                )
-            model = model.model_copy(update={"target": str(ensure_embedded_model(cache_dir))})
-        models[name] = model
+        target = _resolve(model.target, f"models.{name}.target", cache_dir)
+        methods = {}
+        for method_name, method in model.methods.items():
+            spec = method.speculative_config
+            if spec is not None and isinstance(spec.get("model"), str):
+                where = f"models.{name}.methods.{method_name}.speculative_config.model"
+                spec = {**spec, "model": _resolve(spec["model"], where, cache_dir)}
+                method = method.model_copy(update={"speculative_config": spec})
+            methods[method_name] = method
+        models[name] = model.model_copy(update={"target": target, "methods": methods})
     return config.model_copy(update={"models": models})
+
+
+def _resolve(value: str, where: str, cache_dir: Path) -> str:
+    if not value.startswith(EMBEDDED_PREFIX):
+        return value
+    which = value.removeprefix(EMBEDDED_PREFIX)
+    if which not in EMBEDDED_NAMES:
+        raise ConfigError(f"{where}: unknown embedded model '{which}' (known: {', '.join(EMBEDDED_NAMES)})")
+    return str(ensure_embedded_model(cache_dir))

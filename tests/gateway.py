@@ -1,82 +1,18 @@
-"""Starting and stopping a real gateway process for the tests (no fakes: real
-uvicorn, real vLLM engines, a loopback port)."""
+"""The tests start real gateway processes (real uvicorn, real vLLM engines, a
+loopback port) with the launcher `specgate tune` uses; psutil adds a view of
+their children for the lifecycle tests."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import httpx
 import psutil
 
-START_TIMEOUT_S = 900.0
+from app.bench.gateway import GatewayProcess, free_port, start_gateway
+
+__all__ = ["GatewayProcess", "descendants", "free_port", "start_gateway"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class GatewayProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{self.log()[-4000:]}")
-
-    def interrupt(self, timeout_s: float = 120) -> int:
-        """Ctrl-C, as a user would, and wait for the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            for child in self.descendants():
-                child.kill()
-            self.proc.kill()
-            raise
-
-
-def start_gateway(
-    log_path: Path, config: Path | None = None, extra_env: dict[str, str] | None = None
-) -> GatewayProcess:
-    port = free_port()
-    cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    if config is not None:
-        cmd += ["--config", str(config)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(extra_env or {})}
-    log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return GatewayProcess(proc, port, log_path)
+def descendants(gateway: GatewayProcess) -> list[psutil.Process]:
+    try:
+        return psutil.Process(gateway.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []

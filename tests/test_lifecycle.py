@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import yaml
 
-from tests.gateway import start_gateway
+from tests.gateway import descendants, start_gateway
 
 
 def one_engine_config(tmp_path: Path, **engine: Any) -> Path:
@@ -30,7 +30,7 @@ def all_gone(processes: list[psutil.Process], timeout_s: float = 30) -> bool:
 def test_ctrl_c_stops_every_engine_process(tmp_path: Path) -> None:
     gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path))
     gw.wait_ready()
-    children = gw.descendants()
+    children = descendants(gw)
     assert children, "the engine runs in child processes"
     assert gw.interrupt() == 0, gw.log()[-3000:]
     assert all_gone(children), [p.pid for p in children if p.is_running()]
@@ -41,7 +41,7 @@ def test_engine_that_cannot_start_fails_startup(tmp_path: Path) -> None:
     gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path, kv_cache_memory_bytes=4096))
     started = time.monotonic()
     code = gw.proc.wait(timeout=600)
-    children = gw.descendants()
+    children = descendants(gw)
     assert code != 0
     assert time.monotonic() - started < 600
     log = gw.log()

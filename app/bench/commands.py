@@ -1,0 +1,161 @@
+"""The `specgate bench` and `specgate tune` command lines: flags → plans → files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from app.bench import report
+from app.bench.client import RequestSettings
+from app.bench.records import Load, RequestResult
+from app.bench.runner import BenchError, BenchPlan, default_baseline, fetch_models, resolve_targets, run_bench
+from app.bench.stats import CellSummary, summarize
+from app.bench.tune import TunePlan, default_ns, pick_best, run_tune, snippet, summarize_tune
+from app.bench.workloads import load_workload
+from app.config import ConfigError, MethodConfig, SpecgateConfig
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _default_out(kind: str) -> Path:
+    return Path(f"{kind}-results") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _add_request_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--requests", type=int, default=8, help="prompts per cell (default 8)")
+    cmd.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request (default 128)")
+    cmd.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, the same text on every method")
+    cmd.add_argument("--warmup", type=int, default=2, help="unrecorded requests per target first (default 2)")
+    cmd.add_argument("--seed", type=int, default=0, help="prompt selection and Poisson arrivals")
+    cmd.add_argument("--out", type=Path, help="output folder (default ./<command>-results/<timestamp>)")
+
+
+def add_bench_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway, or any OpenAI-compatible server")
+    cmd.add_argument("--model", help="bench every engine of this gateway model (default: every engine listed)")
+    cmd.add_argument("--targets", type=_names, default=(), help="comma-separated `model` values, e.g. smollm2:ngram")
+    cmd.add_argument("--baseline", help="target that counts as 1.00x (default: the `none` engine)")
+    cmd.add_argument("--workloads", type=_names, default=("edit", "chat"), help="code, edit, math, chat or .jsonl")
+    cmd.add_argument("--concurrency", type=_ints, default=None, help="closed loop levels, e.g. 1,4,16 (default 1,4)")
+    cmd.add_argument("--rate", type=_floats, default=(), help="open loop: Poisson request rates per second")
+    cmd.add_argument("--duration", type=float, help="seconds per cell instead of one pass over --requests prompts")
+    cmd.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (env OPENAI_API_KEY)")
+    cmd.add_argument("--replay", type=Path, help="re-summarize a requests.jsonl instead of sending requests")
+    _add_request_args(cmd)
+
+
+def add_tune_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--model", help="model of the config to tune (default: its first)")
+    cmd.add_argument("--method", help="method of that model whose N is swept (default: its default method)")
+    cmd.add_argument("--speculative-config", type=json.loads, help="JSON template instead of a configured method")
+    cmd.add_argument("--n", type=_ints, help="N values (default 1..7; dflash/dspark 3,7,11,15)")
+    cmd.add_argument("--lookup-max", type=_ints, default=(), help="n-gram: prompt_lookup_max values to sweep too")
+    cmd.add_argument("--workload", default="edit", help="code, edit, math, chat or a .jsonl file (default edit)")
+    cmd.add_argument("--concurrency", type=int, default=1, help="closed-loop concurrency (default 1)")
+    cmd.add_argument("--tie-tolerance", type=float, default=0.01, help="tok/s within this fraction of the best tie")
+    cmd.add_argument("--no-baseline", action="store_true", help="skip the baseline engine (no speed-up column)")
+    _add_request_args(cmd)
+
+
+def _settings(args: argparse.Namespace) -> RequestSettings:
+    return RequestSettings(max_tokens=args.max_tokens, temperature=args.temperature)
+
+
+def _finish(
+    console: Console, cells: Sequence[CellSummary], results: Sequence[RequestResult], out: Path, title: str
+) -> None:
+    console.rule(title)
+    report.print_tables(cells, console)
+    for path in report.write_outputs(results, cells, out, title):
+        console.log(f"wrote {path}")
+
+
+def bench_command(args: argparse.Namespace, console: Console) -> int:
+    out = args.out or _default_out("bench")
+    if args.replay is not None:
+        results = report.read_jsonl(args.replay)
+        baseline = args.baseline or next((r.target for r in results if r.method == "none"), None)
+        _finish(console, summarize(results, baseline), results, out, f"bench replay of {args.replay}")
+        return 0
+    cards = fetch_models(args.url, args.api_key)
+    targets = resolve_targets(cards, args.targets, args.model)
+    loads = tuple(Load("concurrency", c) for c in (args.concurrency or ((1, 4) if not args.rate else ())))
+    plan = BenchPlan(
+        url=args.url.rstrip("/"),
+        targets=targets,
+        baseline=args.baseline or default_baseline(targets),
+        workloads=tuple(load_workload(w, args.requests, args.seed) for w in args.workloads),
+        loads=loads + tuple(Load("rate", r) for r in args.rate),
+        settings=_settings(args),
+        duration_s=args.duration,
+        warmup=args.warmup,
+        api_key=args.api_key,
+    )
+    results = run_bench(plan, console)
+    _finish(console, summarize(results, plan.baseline), results, out, f"specgate bench {plan.url}")
+    return 1 if any(not r.ok for r in results) else 0
+
+
+def tune_plan(args: argparse.Namespace, config: SpecgateConfig) -> TunePlan:
+    model_name = args.model or next(iter(config.models))
+    if model_name not in config.models:
+        raise ConfigError(f"--model: no model {model_name!r} in the config (it has {', '.join(config.models)})")
+    model = config.models[model_name]
+    if args.speculative_config is not None:
+        template = MethodConfig(speculative_config=args.speculative_config)
+        method_name = args.method or template.speculative_method
+    else:
+        method_name = args.method or model.default_method
+        if method_name not in model.methods:
+            raise ConfigError(f"--method: model {model_name!r} has no method {method_name!r}")
+        template = model.methods[method_name]
+    if template.speculative_config is None:
+        raise ConfigError(f"--method: {method_name!r} does not speculate; there is no N to tune")
+    return TunePlan(
+        config=config,
+        model=model_name,
+        method_name=method_name,
+        template=template,
+        ns=args.n or default_ns(template.speculative_method),
+        lookup_max=args.lookup_max if template.speculative_method == "ngram" else (),
+        workload=load_workload(args.workload, args.requests, args.seed),
+        concurrency=args.concurrency,
+        settings=_settings(args),
+        out_dir=args.out or _default_out("tune"),
+        warmup=args.warmup,
+        tie_tolerance=args.tie_tolerance,
+        with_baseline=not args.no_baseline,
+    )
+
+
+def tune_command(plan: TunePlan, console: Console) -> int:
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    results = run_tune(plan, console)
+    cells = summarize_tune(plan, results)
+    _finish(console, cells, results, plan.out_dir, f"specgate tune {plan.model}/{plan.method_name}")
+    best = pick_best(cells, plan.tie_tolerance)
+    if best is None:
+        raise BenchError("no candidate produced a measurement; see the logs in " + str(plan.out_dir / "logs"))
+    baseline = next((c for c in cells if c.num_speculative_tokens is None), None)
+    text = snippet(plan, best, baseline)
+    (plan.out_dir / "tune.yaml").write_text(text)
+    console.rule("best N")
+    console.print(text, markup=False, highlight=False)
+    console.log(f"wrote {plan.out_dir / 'tune.yaml'}")
+    return 1 if any(not r.ok for r in results) else 0
