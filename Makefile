@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.specgate-installed
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install model run test lint bench system-deps
+.PHONY: install model run test lint bench tune system-deps
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ run: model
 	$(VENV)/bin/specgate serve $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check app tests scripts dashboards
+	$(VENV)/bin/ruff check app tests scripts dashboards deploy
 	$(VENV)/bin/mypy
 
 # The metrics tests run a real Prometheus: Debian's package.
@@ -42,5 +42,10 @@ system-deps:
 test: model system-deps lint
 	$(VENV)/bin/pytest -ra $(ARGS)
 
+# `make run` in another shell first; e.g. make bench ARGS="--workloads edit,chat --concurrency 1,4"
 bench: install
-	$(PY) scripts/bench_gateway.py $(ARGS)
+	$(PY) -m app bench $(ARGS)
+
+# Starts its own engines, one at a time: e.g. make tune ARGS="--method ngram --n 1,2,4"
+tune: install model
+	$(PY) -m app tune $(ARGS)

@@ -91,6 +91,8 @@ def _check(config: SpecgateConfig) -> int:
 def _console() -> Console:
     from rich.console import Console
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the progress bar
+
     # Logs and CI are no terminal: rich would squeeze the study table into 80 columns.
     return Console(width=None if sys.stdout.isatty() else 200)
 

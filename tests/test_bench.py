@@ -64,7 +64,7 @@ def bench_run(gateway: GatewayProcess, http: httpx.Client, tmp_path_factory: pyt
     before = scrape(http)
     specgate(
         "bench", "--url", gateway.url, "--model", MODEL, "--workloads", "edit,chat", "--concurrency", "1,2",
-        "--requests", "3", "--max-tokens", "40", "--warmup", "0", "--out", str(out),
+        "--rate", "1", "--requests", "3", "--max-tokens", "40", "--warmup", "0", "--out", str(out),
     )  # fmt: skip
     after = scrape(http)
     (out / "counter-deltas.yaml").write_text(
@@ -88,7 +88,7 @@ def test_bench_writes_every_file(bench_run: Path) -> None:
 
 def test_bench_requests_all_answered_and_tokens_match_the_gateway_counters(bench_run: Path) -> None:
     results = read_jsonl(bench_run / "requests.jsonl")
-    assert len(results) == 2 * 2 * 2 * 3  # workloads x concurrencies x engines x requests
+    assert len(results) == 2 * 3 * 2 * 3  # workloads x loads x engines x requests
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     sent: dict[str, float] = defaultdict(float)
     for r in results:
@@ -108,7 +108,8 @@ def test_bench_speculation_is_lossless_in_token_counts(bench_run: Path) -> None:
 
 def test_bench_summary_is_internally_consistent(bench_run: Path) -> None:
     rows = read_csv(bench_run / "summary.csv")
-    assert len(rows) == 2 * 2 * 2
+    assert len(rows) == 2 * 3 * 2
+    assert {row["load"] for row in rows} == {"c=1", "c=2", "rate=1/s"}
     for row in rows:
         tokens, duration, rate = (number(row, k) for k in ("output_tokens", "duration_s", "output_tokens_per_s"))
         assert tokens and duration and rate is not None

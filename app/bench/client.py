@@ -10,6 +10,7 @@ into one chunk.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
@@ -158,7 +159,7 @@ async def closed_loop(
     all prompts are sent, or (with `duration_s`) prompts cycle until time is up."""
     load, t0 = Load("concurrency", concurrency), time.perf_counter()
     results: list[RequestResult] = []
-    counter = iter(range(10**9))
+    counter = itertools.count()  # shared: each worker takes the next prompt index
 
     async def worker() -> None:
         for i in counter:
@@ -190,7 +191,7 @@ async def open_loop(
     rng = random.Random(seed)
     tasks: list[asyncio.Task[RequestResult]] = []
     arrival = 0.0
-    for i in range(10**9):
+    for i in itertools.count():
         if duration_s is None and i >= len(prompts):
             break
         if duration_s is not None and arrival >= duration_s:

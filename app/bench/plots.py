@@ -14,7 +14,7 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import NullLocator
 
 from app.bench.stats import CellSummary
 
@@ -56,7 +56,12 @@ def _throughput_panel(ax: Axes, title: str, kind: str, cells: list[CellSummary])
         points.append((cell.load.value, cell.output_tokens_per_s))
     for label, points in series.values():
         _plot_series(ax, points, label)
-    ax.set_xticks(sorted({cell.load.value for cell in cells}))
+    values = sorted({cell.load.value for cell in cells})
+    if values[0] > 0 and values[-1] / values[0] >= 8:
+        # Concurrency sweeps double (1, 4, 16, 32): a linear axis crams the low end into one corner.
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(values, [f"{v:g}" for v in values])
     ax.set(title=title, xlabel=LOAD_AXIS.get(kind, kind), ylabel="output tok/s")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -102,7 +107,9 @@ def speedup_vs_n(cells: Sequence[CellSummary]) -> Figure | None:
     for label, points in series.items():
         _plot_series(ax, points, label)
     ax.set(xlabel="N (num_speculative_tokens)", ylabel="speed-up over baseline")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ns = sorted({n for points in series.values() for n, _ in points})
+    ax.set_xticks(ns)
+    ax.set_xlim(ns[0] - 0.5, ns[-1] + 0.5)
     ax.grid(alpha=0.3)
     # Outside the axes: with several workloads and loads the legend would cover the lines.
     figure.legend(loc="outside right upper", fontsize="small")

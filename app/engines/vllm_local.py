@@ -17,6 +17,7 @@ from vllm.config import VllmConfig
 from vllm.exceptions import VLLMClientError
 from vllm.renderers import ChatParams
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -92,7 +93,9 @@ class LocalVLLMEngine:
             return
         args = build_engine_args(self.id, self._model)
         try:
-            self._vllm_config = args.create_engine_config()
+            # A gateway is an API server: vLLM then sizes its batch limits as `vllm serve` does
+            # (on a large GPU 1024 sequences / 16384 tokens instead of the library's 128 / 2048).
+            self._vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
         except ValidationError as exc:
             detail = describe_validation_error(exc, f"engine {self.id}")
             raise EngineConfigError(f"vLLM rejected the configuration of {detail}") from None
@@ -125,6 +128,7 @@ class LocalVLLMEngine:
             self._vllm_config,
             stat_loggers=[SilentPrometheusStatLogger, snapshot_logger],
             disable_log_stats=False,
+            usage_context=UsageContext.OPENAI_API_SERVER,
         )
 
     async def warm_up(self) -> None:

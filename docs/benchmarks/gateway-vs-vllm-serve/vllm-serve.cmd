@@ -1,0 +1,1 @@
+/work/main/.venv/bin/python -m vllm.entrypoints.openai.api_server --model /root/.cache/specgate/SmolLM2-135M-Instruct --served-model-name smollm2 --host 127.0.0.1 --port 41559 --max-model-len 4096 --dtype float32 --kv-cache-memory-bytes 1073741824 --enforce-eager --max-num-seqs 16
