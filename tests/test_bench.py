@@ -42,10 +42,13 @@ def number(row: dict[str, str], key: str) -> float | None:
 
 
 def check_study_arithmetic(row: dict[str, str]) -> None:
-    """MAL = 1 + N·AR (every step drafted N here) and p1 + … + pN = MAL - 1."""
+    """MAL = 1 + N·AR within rounding, and p1 + … + pN = MAL - 1 exactly."""
     mal, ar, n = number(row, "mal"), number(row, "ar"), number(row, "N")
     assert mal is not None and ar is not None and n is not None, row
-    assert mal == pytest.approx(1 + n * ar, abs=1e-9)
+    # n-gram may propose fewer than N drafts when its match runs into the end of the
+    # text: drafts <= N·steps, so 1 + N·AR can only exceed MAL, and only slightly.
+    assert mal <= 1 + n * ar + 1e-9
+    assert mal == pytest.approx(1 + n * ar, rel=0.02)
     positions = [float(row[f"p{i}"]) for i in range(1, int(n) + 1)]
     assert sum(positions) == pytest.approx(mal - 1, abs=1e-9)
     assert positions == sorted(positions, reverse=True)  # acceptance is a prefix
