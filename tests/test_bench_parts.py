@@ -54,8 +54,8 @@ def test_a_plain_server_is_benched_by_its_listed_models_without_baseline() -> No
 def test_spec_sample_from_specgate_record() -> None:
     body = {"specgate": {"num_speculative_tokens": 3, "acceptance_histogram": [2, 1, 0, 4], "num_draft_tokens": 21}}
     sample = SpecSample.from_response(body)
-    assert sample == SpecSample(3, (2, 1, 0, 4), 21)
-    assert (sample.num_spec_steps, sample.num_accepted) == (7, 13)
+    assert sample == SpecSample((2, 1, 0, 4), 21, 3)
+    assert (sample.num_spec_steps, sample.num_accepted_draft_tokens) == (7, 13)
     assert SpecSample.from_response({"specgate": {"acceptance_histogram": None}}) is None  # a baseline
     assert SpecSample.from_response({"usage": {}}) is None  # a plain server: not measured
 
@@ -67,8 +67,8 @@ def test_spec_sample_from_vllm_serve_per_request_metrics() -> None:
         metrics.observe(drafted, accepted)
     payload = PerRequestMetrics(speculative_decoding=SpeculativeDecodingMetrics(**metrics.to_dict()))
     sample = SpecSample.from_response({"usage": {}, "metrics": payload.model_dump()})
-    assert sample == SpecSample(4, (1, 1, 1, 0, 1), 14)
-    assert Acceptance(4, sample.acceptance_histogram, 14).mean_acceptance_length == metrics.to_dict()[
+    assert sample == SpecSample((1, 1, 1, 0, 1), 14, 4)
+    assert Acceptance(sample.acceptance_histogram, 14, 4).mean_acceptance_length == metrics.to_dict()[
         "mean_acceptance_length"
     ]
 

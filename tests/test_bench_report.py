@@ -48,7 +48,7 @@ def result(
     load: Load = C2,
     error: str | None = None,
 ) -> RequestResult:
-    spec = None if histogram is None else SpecSample(n or 0, histogram, (n or 0) * sum(histogram))
+    spec = None if histogram is None else SpecSample(histogram, (n or 0) * sum(histogram), n or 0)
     return RequestResult(
         target=target,
         method=target.split(":")[1],
@@ -144,7 +144,7 @@ def test_errors_excluded_from_tokens_and_acceptance(cells: list[CellSummary]) ->
     assert ngram.duration_s == pytest.approx(1.5)
     assert ngram.output_tokens_per_s == pytest.approx(100.0)
     assert ngram.acceptance is not None
-    assert ngram.acceptance.histogram == (3, 2, 1, 8)
+    assert ngram.acceptance.acceptance_histogram == (3, 2, 1, 8)
 
 
 def test_speedup_against_baseline_of_same_workload_and_load(cells: list[CellSummary]) -> None:
@@ -174,7 +174,8 @@ def test_acceptance_sums_over_requests(cells: list[CellSummary]) -> None:
     acceptance = cell_of(cells, "code", "m:ngram").acceptance
     assert acceptance is not None
     # (3, 2, 1, 8): 14 steps, 0*3 + 1*2 + 2*1 + 3*8 = 28 accepted, 3 * 14 = 42 drafts.
-    assert (acceptance.num_spec_steps, acceptance.num_accepted, acceptance.num_draft_tokens) == (14, 28, 42)
+    counts = (acceptance.num_spec_steps, acceptance.num_accepted_draft_tokens, acceptance.num_draft_tokens)
+    assert counts == (14, 28, 42)
     mal, ar = acceptance.mean_acceptance_length, acceptance.acceptance_rate
     assert mal == pytest.approx(3.0)
     assert ar == pytest.approx(28 / 42)

@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from app.metrics import SpecCounts
+
 
 @dataclass(frozen=True)
 class Load:
@@ -30,20 +32,11 @@ class Load:
 
 
 @dataclass(frozen=True)
-class SpecSample:
-    """One request's speculative counts, as the server reported them."""
+class SpecSample(SpecCounts):
+    """One request's speculative counts as the server reported them (the gateway's
+    own arithmetic on them: steps, accepted, per position), plus the engine's N."""
 
     num_speculative_tokens: int
-    acceptance_histogram: tuple[int, ...]  # index j = steps that accepted j drafts
-    num_draft_tokens: int
-
-    @property
-    def num_spec_steps(self) -> int:
-        return sum(self.acceptance_histogram)
-
-    @property
-    def num_accepted(self) -> int:
-        return sum(j * count for j, count in enumerate(self.acceptance_histogram))
 
     @staticmethod
     def from_response(body: dict[str, Any]) -> SpecSample | None:
@@ -51,16 +44,16 @@ class SpecSample:
         record = body.get("specgate")
         if isinstance(record, dict) and record.get("acceptance_histogram") is not None:
             return SpecSample(
-                int(record["num_speculative_tokens"]),
                 tuple(int(c) for c in record["acceptance_histogram"]),
                 int(record["num_draft_tokens"]),
+                int(record["num_speculative_tokens"]),
             )
         metrics = body.get("metrics")
         vllm = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
         if isinstance(vllm, dict) and vllm.get("acceptance_histogram") is not None:
             histogram = tuple(int(c) for c in vllm["acceptance_histogram"])
             n = int(vllm.get("num_spec_tokens") or len(histogram) - 1)
-            return SpecSample(n, histogram, int(vllm["num_draft_tokens"]))
+            return SpecSample(histogram, int(vllm["num_draft_tokens"]), n)
         return None
 
 

@@ -179,7 +179,7 @@ def _csv_row(cell: CellSummary, k: int) -> dict[str, object]:
         "ar": cell.acceptance_rate,
         "num_spec_steps": acceptance.num_spec_steps if acceptance else None,
         "num_draft_tokens": acceptance.num_draft_tokens if acceptance else None,
-        "num_accepted": acceptance.num_accepted if acceptance else None,
+        "num_accepted": acceptance.num_accepted_draft_tokens if acceptance else None,
     }
     positions = cell.per_position
     row.update({f"p{i + 1}": positions[i] if i < len(positions) else None for i in range(k)})

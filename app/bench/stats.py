@@ -18,7 +18,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.bench.records import Load, RequestResult
+from app.bench.records import Load, RequestResult, SpecSample
+from app.metrics import SpecCounts
 
 PERCENTILES = (50, 90, 99)
 
@@ -48,50 +49,32 @@ class Latency:
 
 
 @dataclass(frozen=True)
-class Acceptance:
-    """Summed speculative counts of a cell."""
-
-    num_speculative_tokens: int
-    histogram: tuple[int, ...]
-    num_draft_tokens: int
-
-    @property
-    def num_spec_steps(self) -> int:
-        return sum(self.histogram)
-
-    @property
-    def num_accepted(self) -> int:
-        return sum(j * count for j, count in enumerate(self.histogram))
+class Acceptance(SpecSample):
+    """Summed speculative counts of a cell, and the study's figures on them."""
 
     @property
     def mean_acceptance_length(self) -> float | None:
         steps = self.num_spec_steps
-        return 1 + self.num_accepted / steps if steps else None
+        return 1 + self.num_accepted_draft_tokens / steps if steps else None
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else None
+        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
     def per_position(self) -> tuple[float, ...]:
-        """p1..pN as fractions: a step that accepted j drafts accepted positions 1..j."""
+        """p1..pN as fractions of all steps (unconditional)."""
         steps = self.num_spec_steps
-        if not steps:
-            return ()
-        return tuple(sum(self.histogram[p:]) / steps for p in range(1, len(self.histogram)))
+        return tuple(accepted / steps for accepted in self.accepted_by_position()) if steps else ()
 
     @staticmethod
     def of(results: Iterable[RequestResult]) -> Acceptance | None:
         samples = [r.spec for r in results if r.spec is not None]
         if not samples:
             return None
-        width = max(len(s.acceptance_histogram) for s in samples)
-        histogram = [0] * width
-        for sample in samples:
-            for j, count in enumerate(sample.acceptance_histogram):
-                histogram[j] += count
+        total = SpecCounts.combine(samples)
         n = max(s.num_speculative_tokens for s in samples)
-        return Acceptance(n, tuple(histogram), sum(s.num_draft_tokens for s in samples))
+        return Acceptance(total.acceptance_histogram, total.num_draft_tokens, n)
 
 
 @dataclass(frozen=True)
