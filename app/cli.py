@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from app.bench.commands import add_bench_args, add_tune_args
 from app.bench.runner import BenchError
-from app.bench.workloads import WorkloadError
 from app.config import ConfigError, Settings, SpecgateConfig, load_config
 
 if TYPE_CHECKING:
@@ -132,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"specgate: config error: {exc}", file=sys.stderr)
         return 2
-    except (BenchError, WorkloadError) as exc:
-        print(f"specgate: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # EngineConfigError and settings errors
+    except (BenchError, ValueError) as exc:  # EngineConfigError, WorkloadError and settings errors
         print(f"specgate: {exc}", file=sys.stderr)
         return 2
 

@@ -44,14 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from rich.console import Console
 from rich.logging import RichHandler
 
 from app.bench import report
 from app.bench.client import RequestSettings, Target
-from app.bench.gateway import START_TIMEOUT_S, free_port, start_gateway
+from app.bench.gateway import ServerProcess, free_port, start_gateway, start_server
 from app.bench.records import Load, RequestResult
 from app.bench.runner import BenchError, BenchPlan, run_bench
 from app.bench.stats import CellSummary, summarize
@@ -64,7 +63,6 @@ METHODS = ("none", "ngram")
 VLLM_LABEL = "vllm serve"
 SPECGATE_LABEL = "specgate"
 NOISE_TOLERANCE = 0.03  # specgate tok/s >= (1 - this) x vllm serve tok/s counts as "not slower"
-STOP_TIMEOUT_S = 120.0
 WARMUP = 2
 SEED = 0
 
@@ -150,43 +148,6 @@ def vllm_serve_command(engine: Engine, port: int) -> list[str]:
 # --- servers, one at a time -----------------------------------------------------
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-
-def start_vllm_serve(cmd: list[str], port: int, log_path: Path) -> Server:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with log_path.open("wb") as log:
-        # Its own session: Ctrl-C here does not reach it, and its whole group can be killed.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Server(proc, port, log_path)
-
-
-def wait_models(server: Server, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Until GET /v1/models answers 200 (the server is up and its engine loaded)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {server.proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vllm serve not ready after {timeout_s:.0f}s:\n{server.log_tail()}")
-
-
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -206,18 +167,15 @@ def reap_group(pgid: int, console: Console, timeout_s: float = 30.0) -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-def stop_server(proc: subprocess.Popen[bytes], name: str, console: Console) -> None:
-    """SIGINT, as a user's Ctrl-C; SIGKILL to the process group on timeout."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+def stop_server(server: ServerProcess, console: Console) -> None:
+    """SIGINT, as a user's Ctrl-C (SIGKILL to the process group on timeout); then reap the group."""
     try:
-        code = proc.wait(STOP_TIMEOUT_S)
+        code: int | str = server.interrupt()
     except subprocess.TimeoutExpired:
-        console.log(f"[yellow]{name} still running {STOP_TIMEOUT_S:.0f}s after SIGINT; SIGKILL")
-        os.killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-    reap_group(proc.pid, console)
-    console.log(f"{name} stopped (exit code {code})")
+        console.log(f"[yellow]{server.name} still running 120s after SIGINT; killed")
+        code = "killed"
+    reap_group(server.proc.pid, console)
+    console.log(f"{server.name} stopped (exit code {code})")
 
 
 # --- the benchmark ----------------------------------------------------------------
@@ -263,14 +221,14 @@ def run_vllm_serve(engine: Engine, options: Options, console: Console) -> list[R
     console.rule(VLLM_LABEL)
     console.log(f"starting: {shlex.join(cmd)}", markup=False, highlight=False)
     console.log(f"log: {log_path}")
-    server = start_vllm_serve(cmd, port, log_path)
+    server = start_server(cmd, port, log_path, VLLM_LABEL, "/v1/models")
     try:
-        wait_models(server)
+        server.wait_ready()
         console.log(f"{VLLM_LABEL} ready at {server.url}")
         target = Target(MODEL, VLLM_LABEL, engine.spec.num_speculative_tokens)
         return relabel(bench_server(server.url, target, options, console), options.vllm_target, VLLM_LABEL)
     finally:
-        stop_server(server.proc, VLLM_LABEL, console)
+        stop_server(server, console)
 
 
 def run_specgate(engine: Engine, options: Options, console: Console) -> list[RequestResult]:
@@ -279,6 +237,7 @@ def run_specgate(engine: Engine, options: Options, console: Console) -> list[Req
     console.rule(SPECGATE_LABEL)
     console.log(f"starting specgate serve --config {config_path} (log: {log_path})")
     gateway = start_gateway(log_path, config_path)
+    gateway.name = SPECGATE_LABEL
     try:
         gateway.wait_ready()
         console.log(f"{SPECGATE_LABEL} ready at {gateway.url}")
@@ -286,7 +245,7 @@ def run_specgate(engine: Engine, options: Options, console: Console) -> list[Req
         results = bench_server(gateway.url, target, options, console)
         return relabel(results, options.specgate_target(engine), SPECGATE_LABEL)
     finally:
-        stop_server(gateway.proc, SPECGATE_LABEL, console)
+        stop_server(gateway, console)
 
 
 # --- the comparison ---------------------------------------------------------------

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import psutil
 
-from app.bench.gateway import GatewayProcess, free_port, start_gateway
+from app.bench.gateway import ServerProcess as GatewayProcess
+from app.bench.gateway import free_port, start_gateway
 
 __all__ = ["GatewayProcess", "descendants", "free_port", "start_gateway"]
 

@@ -1,5 +1,6 @@
-"""Start and stop `specgate serve` as a child process on a free loopback port:
-what `specgate tune` does for each candidate engine (and the tests for theirs).
+"""Start and stop an OpenAI-compatible server as a child process on a free
+loopback port: `specgate serve`, as `specgate tune` does for each candidate
+engine (and the tests for theirs), or `vllm serve` (scripts/gateway_vs_direct.py).
 A separate process per candidate is what gives its memory back."""
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ def free_port() -> int:
 
 
 @dataclass
-class GatewayProcess:
+class ServerProcess:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    name: str = "gateway"
+    ready_path: str = "/ready"  # answers 200 once every engine is up
 
     @property
     def url(self) -> str:
@@ -41,14 +44,14 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(1)
-        raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{self.log()[-4000:]}")
+        raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log()[-4000:]}")
 
     def interrupt(self, timeout_s: float = 120) -> int:
         """Ctrl-C, as a user would (the gateway then stops its engines), and wait for the exit code."""
@@ -63,14 +66,21 @@ class GatewayProcess:
             raise
 
 
+def start_server(
+    cmd: list[str], port: int, log_path: Path, name: str, ready_path: str, extra_env: dict[str, str] | None = None
+) -> ServerProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(extra_env or {})}
+    with log_path.open("wb") as log:
+        # Its own session: a Ctrl-C meant for the caller does not reach it, and its whole group can be killed.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return ServerProcess(proc, port, log_path, name, ready_path)
+
+
 def start_gateway(
     log_path: Path, config: Path | None = None, extra_env: dict[str, str] | None = None
-) -> GatewayProcess:
+) -> ServerProcess:
     port = free_port()
     cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)]
     if config is not None:
         cmd += ["--config", str(config)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(extra_env or {})}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return GatewayProcess(proc, port, log_path)
+    return start_server(cmd, port, log_path, "gateway", "/ready", extra_env)
