@@ -1,4 +1,4 @@
-"""`specgate serve | bench | tune | check-config | prepare-model`: argv -> settings -> action."""
+"""`specgate serve | bench | tune | check-config | vllm-command | prepare-model`: argv -> settings -> action."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         ("serve", "start the gateway and its engines"),
         ("check-config", "validate a config, including every engine's vLLM config, without starting engines"),
         ("tune", "sweep N for one method: one engine per N, one at a time; print the curve and the best config"),
+        ("vllm-command", "print the `vllm serve` line that serves one method of the config (for a remote engine)"),
     ):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("--config", type=Path, help="YAML config (default: the embedded SmolLM2 demo)")
@@ -37,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--port", type=int, help="port (default 8000)")
         if name == "tune":
             add_tune_args(cmd)
+        if name == "vllm-command":
+            cmd.add_argument("engine", help="<model>:<method>, e.g. smollm2:ngram")
     add_bench_args(sub.add_parser("bench", help="load-test a gateway or any OpenAI-compatible server"))
     prep = sub.add_parser("prepare-model", help="convert the embedded model once and print its folder")
     prep.add_argument("--cache-dir", type=Path)
@@ -87,6 +90,20 @@ def _check(config: SpecgateConfig) -> int:
     return 0
 
 
+def _vllm_command(engine: str, config: SpecgateConfig) -> int:
+    import shlex
+
+    from app.engines.vllm_command import serve_args
+
+    name, _, method = engine.partition(":")
+    model = config.models.get(name)
+    if model is None or method not in model.methods:
+        known = ", ".join(f"{m}:{k}" for m, cfg in config.models.items() for k in cfg.methods)
+        raise ConfigError(f"no engine '{engine}' (engines: {known})")
+    print(shlex.join(["vllm", "serve", *serve_args(name, model, method)]))
+    return 0
+
+
 def _console() -> Console:
     from rich.console import Console
 
@@ -127,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(config)
         if args.command == "tune":
             return _tune(args, config)
+        if args.command == "vllm-command":
+            return _vllm_command(args.engine, config)
         return _serve(settings, config)
     except ConfigError as exc:
         print(f"specgate: config error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from pydantic import (
     BaseModel,
@@ -77,11 +78,60 @@ class EngineSettings(_Strict):
         return {**kwargs, **self.extra_args}
 
 
+class UpstreamSettings(_Strict):
+    """How the gateway talks to a remote engine (a method with `url:`)."""
+
+    served_model_name: str | None = Field(
+        default=None, description="The upstream's model name; default: the only model it lists."
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable holding the upstream's API key (Bearer)."
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    idle_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest wait for the next streamed event (or a whole non-streamed answer)."
+    )
+    total_timeout_s: float | None = Field(default=None, gt=0, description="Longest a whole request may take.")
+    max_connections: int = Field(default=256, gt=0)
+    probe_interval_s: float = Field(default=5.0, gt=0, description="Health and load probe period.")
+
+
 class MethodConfig(_Strict):
-    """One engine of a model: its speculative_config (None = baseline) and overrides."""
+    """One engine of a model: its speculative_config (None = baseline) and overrides,
+    or, with `url`, a remote vLLM server that runs it (`speculative_config` then
+    says what that server runs, for the labels)."""
 
     speculative_config: dict[str, Any] | None = None
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    url: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible vLLM server serving this method."
+    )
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL:
+            url = httpx.URL()
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"url '{value}' must be an http:// or https:// URL with a host")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _remote_or_local(self) -> MethodConfig:
+        if self.url is not None and "engine" in self.model_fields_set:
+            raise ValueError("'engine' settings do not apply to a remote method (url): set them on its vllm serve")
+        if self.url is None and "upstream" in self.model_fields_set:
+            raise ValueError("'upstream' settings need a 'url'")
+        return self
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
 
     @field_validator("speculative_config")
     @classmethod

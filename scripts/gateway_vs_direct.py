@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shlex
@@ -57,6 +56,7 @@ from app.bench.stats import CellSummary, summarize
 from app.bench.workloads import Workload, WorkloadError, load_workload
 from app.cli import read_config
 from app.config import ConfigError, EngineSettings, MethodConfig, ModelConfig, Settings, SpecgateConfig
+from app.engines.vllm_command import VLLM_SERVE, serve_args
 
 MODEL = "smollm2"
 METHODS = ("none", "ngram")
@@ -112,37 +112,11 @@ def write_specgate_config(engine: Engine, path: Path) -> None:
     path.write_text(header + yaml.safe_dump(specgate_config(engine), sort_keys=False))
 
 
-def _flag_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def engine_flags(kwargs: dict[str, Any]) -> list[str]:
-    """AsyncEngineArgs keyword arguments as vllm serve flags (`--enforce-eager`, `--no-x` for False)."""
-    flags: list[str] = []
-    for key, value in kwargs.items():
-        name = key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{name}" if value else f"--no-{name}")
-        else:
-            flags += [f"--{name}", _flag_value(value)]
-    return flags
-
-
 def vllm_serve_command(engine: Engine, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine.target]
-    cmd += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
-    if engine.tokenizer:
-        cmd += ["--tokenizer", engine.tokenizer]
-    cmd += engine_flags(engine.engine.to_engine_kwargs())
-    if engine.spec.speculative_config is not None:
-        cmd += ["--speculative-config", _flag_value(dict(engine.spec.speculative_config))]
-        # As the gateway's engines: per-request acceptance figures in the response.
-        cmd += ["--per-request-spec-decode-metrics", "summary"]
-    return cmd
+    model = ModelConfig(target=engine.target, tokenizer=engine.tokenizer, engine=engine.engine,
+                        methods={engine.method: engine.spec}, default_method=engine.method)
+    return [*VLLM_SERVE, "--model", *serve_args(MODEL, model, engine.method),
+            "--host", "127.0.0.1", "--port", str(port)]
 
 
 # --- servers, one at a time -----------------------------------------------------

@@ -2,16 +2,21 @@
 its wiring), deploy/docker-compose.yml (Docker Compose's own `config`), the Kubernetes
 manifests (kubernetes-validate, the API's schemas), and the study's configs in
 deploy/configs (their env files, GPU assignment and values, checked against the installed
-vLLM). Each external checker also gets a broken file, to show that it can fail."""
+vLLM; the two-host configs against the per-host files they join, with the host-2
+commands in their headers checked against `specgate vllm-command`). Each external
+checker also gets a broken file, to show that it can fail."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import importlib.util
+import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,11 +25,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pydantic
 import pytest
 import yaml
 
-from app.cli import _parser, settings_from
+from app.cli import _parser, main, settings_from
 from app.config import SpecgateConfig, load_config, parse_config
 
 pytestmark = pytest.mark.unit
@@ -35,6 +41,9 @@ COMPOSE = REPO / "deploy" / "docker-compose.yml"
 K8S = REPO / "deploy" / "k8s"
 CONFIG_DIR = REPO / "deploy" / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+# One gateway on host 1 for a target that needs two hosts: host 2's engines are remote.
+TWO_HOSTS = sorted(CONFIG_DIR.glob("*-two-hosts-*.yaml"))
+PER_HOST = [path for path in CONFIGS if path not in TWO_HOSTS]
 DEPLOY_DOC = REPO / "docs" / "deploy.md"
 GPUS_PER_HOST = 8
 BASE_IMAGES = ("vllm/vllm-openai-rocm", "rocm/vllm")
@@ -139,12 +148,132 @@ def header_env(config: Path) -> dict[str, str]:
 
 
 def engines(config: SpecgateConfig) -> list[tuple[str, str, dict[str, Any], dict[str, Any] | None]]:
-    """(model, method, engine kwargs, speculative_config) of every engine."""
+    """(model, method, engine kwargs, speculative_config) of every in-process engine."""
     return [
         (name, method_name, model.engine_for(method_name).to_engine_kwargs(), method.speculative_config)
         for name, model in config.models.items()
         for method_name, method in model.methods.items()
+        if not method.remote
     ]
+
+
+def remote_methods(config: SpecgateConfig) -> list[tuple[str, str, str, dict[str, Any] | None]]:
+    """(model, method, url, speculative_config) of every remote engine."""
+    return [
+        (name, method_name, method.url, method.speculative_config)
+        for name, model in config.models.items()
+        for method_name, method in model.methods.items()
+        if method.url is not None
+    ]
+
+
+def per_host_files(model_name: str) -> list[Path]:
+    """The per-host configs that serve `model_name` (one, or one per host)."""
+    return [path for path in PER_HOST if model_name in load_config(path).models]
+
+
+def per_host_file_of(model_name: str, method: str) -> Path:
+    """The one per-host config that runs `model_name:method` in-process."""
+    (path,) = [path for path in per_host_files(model_name) if method in load_config(path).models[model_name].methods]
+    return path
+
+
+def vllm_command(config: Path, engine: str) -> list[str]:
+    """What `specgate vllm-command --config CONFIG ENGINE` prints, split as a shell would."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["vllm-command", "--config", str(config), engine]) == 0
+    return shlex.split(out.getvalue())
+
+
+def header(text: str) -> list[str]:
+    """A config's leading comment lines, without their '#'."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:])
+    return lines
+
+
+def header_commands(text: str) -> list[list[str]]:
+    """The `docker run` commands of a header (continued with a trailing backslash), split."""
+    commands, current = [], ""
+    for line in header(text):
+        if current or line.strip().startswith("docker run"):
+            current += " " + line.strip().removesuffix("\\")
+            if not line.rstrip().endswith("\\"):
+                commands.append(shlex.split(current))
+                current = ""
+    assert not current, "a command's last line ends with a backslash"
+    return commands
+
+
+def docker_run(argv: list[str]) -> tuple[dict[str, list[str]], str, list[str]]:
+    """`docker run OPTIONS IMAGE ARGS` -> ({option: [values]}, image, args)."""
+    assert argv[:2] == ["docker", "run"], argv[:2]
+    flags_with_value = {"--name", "--restart", "--group-add", "--security-opt", "-v", "-e", "-p", "--entrypoint"}
+    options: dict[str, list[str]] = {}
+    i = 2
+    while argv[i].startswith("-"):
+        name, eq, value = argv[i].partition("=")
+        if eq:
+            options.setdefault(name, []).append(value)
+        elif name in flags_with_value:
+            i += 1
+            options.setdefault(name, []).append(argv[i])
+        else:
+            options.setdefault(name, []).append("")
+        i += 1
+    return options, argv[i], argv[i + 1:]
+
+
+def image_rocm_env() -> dict[str, str]:
+    """The VLLM_ROCM_* variables specgate's image sets: the environment its engines get
+    before a config's .env."""
+    steps = dockerfile_instructions()
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(args for op, args in steps if op == "ENV")))
+    return {name: value for name, value in env.items() if name.startswith("VLLM_ROCM_")}
+
+
+def header_command_problems(config: Path, text: str) -> list[str]:
+    """How the host-2 `docker run` lines of a two-host config's header differ from what
+    they must be: `specgate vllm-command` of the remote method in its per-host file, in
+    the vLLM image Dockerfile.rocm builds on, on the url's port, with the environment
+    the engine has in specgate's image."""
+    remote = {httpx.URL(url).port: (model, method) for model, method, url, _ in
+              remote_methods(parse_config(yaml.safe_load(text), source=config.name))}
+    (base,) = [args for op, args in dockerfile_instructions() if op == "FROM"]
+    problems: list[str] = []
+    commands = header_commands(text)
+    if len(commands) != len(remote):
+        problems.append(f"{len(commands)} docker run commands for {len(remote)} remote methods")
+    for argv in commands:
+        options, image, args = docker_run(argv)
+        (published,) = options.get("-p", ["?"])
+        host_port, _, container_port = published.partition(":")
+        if not host_port.isdigit() or int(host_port) not in remote:
+            problems.append(f"-p {published}: no remote method has port {host_port}")
+            continue
+        model, method = remote[int(host_port)]
+        where = f"{model}:{method}"
+        expected = vllm_command(per_host_file_of(model, method), where)
+        if container_port != "8000" or "--port" in args:
+            problems.append(f"{where}: vllm serve listens on 8000 (its default) in the container")
+        if image != base:
+            problems.append(f"{where}: image {image}, not {base} (Dockerfile.rocm's FROM)")
+        if options.get("--entrypoint") != ["vllm"] or ["vllm", *args] != expected:
+            problems.append(f"{where}: not `specgate vllm-command` of {per_host_file_of(model, method).name}:"
+                            f"\n  header: {shlex.join(['vllm', *args])}\n  prints: {shlex.join(expected)}")
+        env = dict(pair.split("=", 1) for pair in options.get("-e", []) if "=" in pair)
+        wanted = {**image_rocm_env(), **read_env_file(env_file(per_host_file_of(model, method)))}
+        if env != wanted:
+            problems.append(f"{where}: environment {env}, not {wanted}")
+        if "HF_TOKEN" not in options.get("-e", []):
+            problems.append(f"{where}: HF_TOKEN is not passed from the shell")
+        if set(options.get("--device", [])) != {"/dev/kfd", "/dev/dri"} or options.get("--ipc") != ["host"]:
+            problems.append(f"{where}: the GPUs (--device /dev/kfd, /dev/dri) and --ipc=host")
+    return problems
 
 
 def fits(annotation: Any, value: Any) -> bool:
@@ -275,8 +404,9 @@ def test_the_configs_are_the_studys_commands() -> None:
         for name, model in load_config(path).models.items():
             tp, _, _ = STUDY[model.target]
             for method_name, method in model.methods.items():
-                kwargs = model.engine_for(method_name).to_engine_kwargs()
-                assert kwargs.get("tensor_parallel_size", 1) == tp, f"{path.name}: {name}:{method_name}"
+                if not method.remote:  # a remote method's engine flags: its per-host file (tests below)
+                    kwargs = model.engine_for(method_name).to_engine_kwargs()
+                    assert kwargs.get("tensor_parallel_size", 1) == tp, f"{path.name}: {name}:{method_name}"
                 spec = method.speculative_config
                 if spec is None:
                     baselines.add(model.target)
@@ -333,12 +463,17 @@ def test_config_values_are_ones_vllm_accepts(config: Path) -> None:
     engine_types = {f.name: f.type for f in dataclasses.fields(AsyncEngineArgs)}
     spec_types = {f.name: f.type for f in dataclasses.fields(SpeculativeConfig)}
     parsers = set(ReasoningParserManager.reasoning_parsers) | set(ReasoningParserManager.lazy_parsers)
-    for model, method, kwargs, spec in engines(load_config(config)):
+    loaded = load_config(config)
+    for model, method, kwargs, _ in engines(loaded):
         where = f"{config.name}: {model}:{method}"
         for key, value in kwargs.items():
             assert fits(engine_types[key], value), f"{where}: {key}={value!r}"
         if "reasoning_parser" in kwargs:
             assert kwargs["reasoning_parser"] in parsers, where
+    specs = [(model, method, spec) for model, method, _, spec in engines(loaded)]
+    specs += [(model, method, spec) for model, method, _, spec in remote_methods(loaded)]
+    for model, method, spec in specs:
+        where = f"{config.name}: {model}:{method}"
         for key, value in (spec or {}).items():
             assert fits(spec_types[key], value), f"{where}: speculative_config.{key}={value!r}"
         if spec is not None:
@@ -358,6 +493,154 @@ def test_value_check_is_not_vacuous() -> None:
     assert not fits(engine_types["linear_backend"], "emulaton")
     assert not fits(engine_types["attention_config"], {"indexer_kv_dtyp": "fp8"})
     assert not fits(spec_types["moe_backend"], "trition")
+
+
+# --------------------------------------------------------------------------- two hosts, one gateway
+
+
+def test_every_target_split_over_two_hosts_has_one_gateway_for_both() -> None:
+    split = {name for path in PER_HOST for name in load_config(path).models if len(per_host_files(name)) > 1}
+    joined = [name for path in TWO_HOSTS for name in load_config(path).models]
+    assert sorted(joined) == sorted(split) and len(split) == 4, (joined, split)
+    for path in CONFIGS:
+        has_remote = bool(remote_methods(load_config(path)))
+        assert has_remote == (path in TWO_HOSTS), f"{path.name}: remote methods only in *-two-hosts-* configs"
+
+
+@pytest.mark.parametrize("config", TWO_HOSTS, ids=lambda p: p.stem)
+def test_two_host_config_joins_its_per_host_files(config: Path) -> None:
+    """Host 1's engines in-process as in a per-host file, host 2's speculating engines
+    remote, with the speculative_config of the per-host file that runs them."""
+    for name, model in load_config(config).models.items():
+        sources = {path: load_config(path).models[name] for path in per_host_files(name)}
+        assert {m for source in sources.values() for m in source.methods} == set(model.methods), config.name
+        for method_name, method in model.methods.items():
+            where = f"{config.name}: {name}:{method_name}"
+            if method.remote:
+                source = sources[per_host_file_of(name, method_name)]
+                assert source.target == model.target, where
+                assert method.speculative_config is not None, f"{where}: host 2 runs speculating engines only"
+                assert method.speculative_config == source.methods[method_name].speculative_config, where
+                continue
+            kwargs = model.engine_for(method_name).to_engine_kwargs()
+            assert any(
+                source.target == model.target
+                and (source.engine_for(method_name).to_engine_kwargs(), source.methods[method_name].speculative_config)
+                == (kwargs, method.speculative_config)
+                for source in sources.values() if method_name in source.methods
+            ), f"{where}: not as in a per-host file"
+        host1 = [path for path, source in sources.items()
+                 if set(source.methods) == {m for m, cfg in model.methods.items() if not cfg.remote}]
+        assert len(host1) == 1, f"{config.name}: host 1's in-process engines are those of one per-host file"
+
+
+@pytest.mark.parametrize("config", TWO_HOSTS, ids=lambda p: p.stem)
+def test_two_host_header_gives_host_2_exactly_what_vllm_command_prints(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what `specgate` sets; restored after the test
+    assert header_command_problems(config, config.read_text()) == []
+
+
+def test_header_command_check_is_not_vacuous(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = CONFIG_DIR / "kimi-k2.5-two-hosts-mi300x.yaml"
+    text = config.read_text()
+    for old, new, expected in [
+        ("--device-ids 4,5,6,7", "--device-ids 0,1,2,3", "not `specgate vllm-command`"),
+        ("-e VLLM_ROCM_USE_AITER=1", "-e VLLM_ROCM_USE_AITER=0", "environment"),
+        ("-p 8000:8000", "-p 8001:8000", "no remote method has port 8001"),
+        ("vllm/vllm-openai-rocm:v", "vllm/vllm-openai-rocm:x", "Dockerfile.rocm's FROM"),
+        ("num_speculative_tokens\":7", "num_speculative_tokens\":3", "not `specgate vllm-command`"),
+    ]:
+        assert old in text, old
+        found = "\n".join(header_command_problems(config, text.replace(old, new, 1)))
+        assert expected in found, (old, found)
+    assert "docker run commands for 1 remote methods" in "\n".join(
+        header_command_problems(config, text.replace("#   docker run", "#   docker-run")))
+
+
+def same_value(expected: Any, parsed: Any) -> bool:
+    """A config value against what vLLM's CLI made of it (a dict may become a config dataclass)."""
+    if isinstance(expected, dict) and not isinstance(parsed, dict):
+        return all(same_value(value, getattr(parsed, key)) for key, value in expected.items())
+    return bool(expected == parsed)
+
+
+@pytest.mark.parametrize("config", TWO_HOSTS, ids=lambda p: p.stem)
+def test_host_2_commands_are_the_in_process_engines_for_vllm_serve(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed vLLM's own `vllm serve` parser reads each host-2 line of the header into
+    the engine arguments specgate gives the in-process engine of the per-host file (no
+    engine, no download)."""
+    from vllm import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from app.engines.base import EngineId
+    from app.engines.vllm_local import build_engine_args
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    ports = {httpx.URL(url).port: (model, method) for model, method, url, _ in remote_methods(load_config(config))}
+    for argv in header_commands(config.read_text()):
+        options, _, args = docker_run(argv)
+        model, method = ports[int(options["-p"][0].partition(":")[0])]
+        source = load_config(per_host_file_of(model, method)).models[model]
+        namespace = parser.parse_args(args[1:])  # after `serve`
+        validate_parsed_serve_args(namespace)
+        assert namespace.enable_per_request_metrics is True
+        namespace.model = namespace.model_tag
+        parsed = vars(AsyncEngineArgs.from_cli_args(namespace))
+        expected = vars(build_engine_args(EngineId(model, method), source))
+        keys = {*source.engine_for(method).to_engine_kwargs(), "model", "served_model_name", "tokenizer",
+                "speculative_config", "per_request_spec_decode_metrics"}
+        for key in sorted(keys):
+            assert same_value(expected[key], parsed[key]), f"{config.name}: {model}:{method}: {key}"
+        assert parsed["per_request_spec_decode_metrics"] == "summary"
+
+
+def test_remote_urls_are_http_with_a_host_and_a_port() -> None:
+    for path in TWO_HOSTS:
+        seen: set[tuple[str, int]] = set()
+        for model, method, url, _ in remote_methods(load_config(path)):
+            where = f"{path.name}: {model}:{method}"
+            parsed = httpx.URL(url)
+            assert parsed.scheme == "http" and parsed.path in ("", "/"), f"{where}: {url}"
+            # One DNS label: also a Docker Compose service or a Kubernetes Service name.
+            assert re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", parsed.host), f"{where}: host of {url}"
+            assert re.search(r":\d+$", url) and parsed.port, f"{where}: {url} names no port"
+            assert (parsed.host, parsed.port) not in seen, f"{where}: {url} is another method's server"
+            seen.add((parsed.host, parsed.port))
+
+
+@pytest.mark.parametrize("config", TWO_HOSTS, ids=lambda p: p.stem)
+def test_check_config_accepts_the_remote_methods(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`specgate check-config` on the remote part (its in-process engines would need their
+    checkpoints' configs from the Hub: test_check_vllm_* and test_config_values_* check
+    those against the installed vLLM instead). A gateway of remote engines needs no GPU."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    raw = yaml.safe_load(config.read_text())
+    expected = []
+    for name, model in raw["models"].items():
+        model["methods"] = {k: m for k, m in model["methods"].items() if "url" in m}
+        model["default_method"] = next(iter(model["methods"]))
+        expected += [f"ok  {name}:{k}  method={m['speculative_config']['method']}  "
+                     f"N={m['speculative_config']['num_speculative_tokens']}" for k, m in model["methods"].items()]
+    remote_only = tmp_path / config.name
+    remote_only.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(remote_only)]) == 0
+    assert capsys.readouterr().out.splitlines() == expected
+
+    model = next(iter(raw["models"].values()))
+    next(iter(model["methods"].values()))["engine"] = {"device_ids": [0]}
+    remote_only.write_text(yaml.safe_dump(raw))
+    assert main(["check-config", "--config", str(remote_only)]) == 2
+    assert "'engine' settings do not apply to a remote method" in capsys.readouterr().err
 
 
 def test_deploy_doc_lists_every_variable_the_configs_set() -> None:

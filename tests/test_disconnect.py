@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import httpx
 
 from tests.conftest import MODEL
+from tests.gateway import wait_for
 
 LONG = {
     "messages": [{"role": "user", "content": "Write a very long essay about the history of Europe."}],
@@ -21,15 +20,6 @@ LONG = {
 def unfinished(http: httpx.Client, engine: str) -> int:
     engines = {e["engine"]: e for e in http.get("/engines").json()["engines"]}
     return int(engines[engine]["unfinished_requests"])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_stream_disconnect_aborts(gateway_url: str, http: httpx.Client) -> None:

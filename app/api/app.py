@@ -31,7 +31,7 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            state.pool.stop()
+            await state.pool.stop()
 
     app = FastAPI(title="specgate", version=_version(), lifespan=lifespan)
     app.state.gateway = state

@@ -28,9 +28,11 @@ from app.api.protocol import (
     LogprobEntry,
     TopLogprobEntry,
 )
+from app.api.proxy import forward
 from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChatPrompt, ChoiceDelta, TokenLogprob
+from app.engines.remote import RemoteVLLMEngine
 
 router = APIRouter()
 
@@ -44,6 +46,8 @@ async def create_chat_completion(
 
 async def _serve(body: ChatCompletionRequest, request: Request, state: GatewayState) -> Response:
     engine = resolve_engine(state, request, body.model)
+    if isinstance(engine, RemoteVLLMEngine):
+        return await forward(state, engine, "/v1/chat/completions", body, new_request_id("chatcmpl"))
     prompt = ChatPrompt([m.to_engine() for m in body.messages], body.chat_template_kwargs or {})
     sampling = sampling_from(body, body.output_limit(), body.logprobs_k())
     generation = await start_generation(state, engine, prompt, sampling, new_request_id("chatcmpl"))

@@ -17,9 +17,11 @@ from app.api.generation import (
     start_generation,
 )
 from app.api.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from app.api.proxy import forward
 from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChoiceDelta, TextPrompt, TokenLogprob
+from app.engines.remote import RemoteVLLMEngine
 
 router = APIRouter()
 
@@ -34,6 +36,8 @@ async def create_completion(
 async def _serve(body: CompletionRequest, request: Request, state: GatewayState) -> Response:
     engine = resolve_engine(state, request, body.model)
     raw = body.single_prompt()
+    if isinstance(engine, RemoteVLLMEngine):
+        return await forward(state, engine, "/v1/completions", body, new_request_id("cmpl"))
     prompt = TextPrompt(text=raw) if isinstance(raw, str) else TextPrompt(token_ids=raw)
     sampling = sampling_from(body, body.max_tokens, body.logprobs)
     generation = await start_generation(state, engine, prompt, sampling, new_request_id("cmpl"))

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engines.base import EngineInputError, EngineUnavailableError
+from app.engines.base import EngineInputError, EngineTimeoutError, EngineUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,11 @@ class ServiceUnavailableError(APIError):
     type = "service_unavailable"
 
 
+class GatewayTimeoutError(APIError):
+    status = 504
+    type = "timeout_error"
+
+
 def api_error_for(exc: BaseException) -> APIError:
     """The client-facing error for an engine failure; never the internal text
     of an unexpected exception."""
@@ -78,6 +83,8 @@ def api_error_for(exc: BaseException) -> APIError:
         return BadRequestError(str(exc))
     if isinstance(exc, EngineUnavailableError):
         return ServiceUnavailableError(str(exc))
+    if isinstance(exc, EngineTimeoutError):
+        return GatewayTimeoutError(str(exc))
     return APIError("The server had an error while processing the request.")
 
 

@@ -26,14 +26,16 @@ from app.api.state import GatewayState
 from app.api.tracking import RequestTracker, failure_outcome
 from app.engines.base import (
     ChoiceDelta,
+    Engine,
     EngineInputError,
     EngineOutput,
     EngineUnavailableError,
+    GeneratingEngine,
     Prompt,
     Sampling,
     TokenLogprob,
 )
-from app.engines.vllm_local import LocalVLLMEngine
+from app.engines.pool import PoolEngine
 from app.metrics import RequestRecord
 from app.routing import METHOD_HEADER, RouteNotFoundError
 
@@ -62,7 +64,7 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def resolve_engine(state: GatewayState, request: Request, model: str) -> LocalVLLMEngine:
+def resolve_engine(state: GatewayState, request: Request, model: str) -> PoolEngine:
     try:
         route = state.router.route(model, request.headers.get(METHOD_HEADER))
     except RouteNotFoundError as exc:
@@ -73,7 +75,7 @@ def resolve_engine(state: GatewayState, request: Request, model: str) -> LocalVL
     return engine
 
 
-def engine_headers(engine: LocalVLLMEngine) -> dict[str, str]:
+def engine_headers(engine: Engine) -> dict[str, str]:
     return {METHOD_HEADER: engine.id.method, "X-Specgate-Engine": str(engine.id)}
 
 
@@ -81,7 +83,7 @@ def engine_headers(engine: LocalVLLMEngine) -> dict[str, str]:
 class Generation:
     """A started generation: its first output and the rest of the stream."""
 
-    engine: LocalVLLMEngine
+    engine: GeneratingEngine
     request_id: str
     first: EngineOutput
     rest: AsyncIterator[EngineOutput]
@@ -115,7 +117,7 @@ class Generation:
 
 
 async def start_generation(
-    state: GatewayState, engine: LocalVLLMEngine, prompt: Prompt, sampling: Sampling, request_id: str
+    state: GatewayState, engine: GeneratingEngine, prompt: Prompt, sampling: Sampling, request_id: str
 ) -> Generation:
     tracker = RequestTracker(state.metrics, engine.id, request_id)
     stream = engine.generate(prompt, sampling, request_id)

@@ -78,7 +78,7 @@ async def sse_events(
         await generation.close()
 
 
-def sse_response(events: AsyncIterator[str], headers: Mapping[str, str]) -> StreamingResponse:
+def sse_response(events: AsyncIterator[str | bytes], headers: Mapping[str, str]) -> StreamingResponse:
     return StreamingResponse(
         events,
         media_type="text/event-stream",

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.state import GatewayState, gateway_state
-from app.engines.vllm_local import LocalVLLMEngine
+from app.engines.base import Engine
 
 router = APIRouter()
 _CREATED = int(time.time())
@@ -32,7 +32,7 @@ def _model_card(model_id: str, root: str, extra: dict[str, Any]) -> dict[str, An
     return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "specgate", "root": root, **extra}
 
 
-def _engine_extra(engine: LocalVLLMEngine) -> dict[str, Any]:
+def _engine_extra(engine: Engine) -> dict[str, Any]:
     info = engine.info
     return {
         "method": info.id.method,
@@ -68,6 +68,7 @@ async def engines(state: GatewayState = Depends(gateway_state)) -> dict[str, Any
                 **_engine_extra(e),
                 "target": e.info.target,
                 "speculative_config": e.info.speculative_config,
+                "url": e.info.url,
                 **asdict(e.stats()),
             }
             for e in state.pool

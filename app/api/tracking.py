@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 
-from app.engines.base import EngineId, EngineInputError
+from app.engines.base import EngineId, EngineInputError, EngineTimeoutError
 from app.metrics import GatewayMetrics, RequestRecord
 
 logger = logging.getLogger("specgate.access")
@@ -27,8 +27,13 @@ class RequestTracker:
             self._metrics.observe(record)
             _log(self._request_id, self._engine, record.outcome, record)
 
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
     def fail(self, outcome: str) -> None:
-        """`outcome`: "invalid" (engine refused it), "error" (engine failed), "cancelled"."""
+        """`outcome`: "invalid" (engine refused it), "error" (engine failed),
+        "timeout" (out of time), "cancelled" (the client left)."""
         if self._end():
             self._metrics.observe_failure(self._engine.model, self._engine.method, outcome)
             _log(self._request_id, self._engine, outcome, None)
@@ -42,8 +47,10 @@ class RequestTracker:
 
 
 def failure_outcome(exc: Exception) -> str:
-    """The outcome of an engine error: the engine refused the request, or failed."""
-    return "invalid" if isinstance(exc, EngineInputError) else "error"
+    """The outcome of an engine error: the engine refused the request, ran out of time, or failed."""
+    if isinstance(exc, EngineInputError):
+        return "invalid"
+    return "timeout" if isinstance(exc, EngineTimeoutError) else "error"
 
 
 def _log(request_id: str, engine: EngineId, outcome: str, record: RequestRecord | None) -> None:

@@ -1,8 +1,11 @@
-"""The engine interface every backend implements (in-process vLLM now, remote
-vLLM servers later), and the backend-neutral types that cross it.
+"""The engine interface every backend implements, and the backend-neutral types
+that cross it.
 
-The API layer only sees these types: prompts in, `EngineOutput` deltas out, and
-a `RequestRecord` on the last output.
+Every engine has the same life cycle, health and load (`Engine`). How it answers
+differs: an in-process vLLM engine generates from a prompt (`GeneratingEngine`:
+prompts in, `EngineOutput` deltas out, a `RequestRecord` on the last), while a
+remote engine (app/engines/remote.py) forwards the client's OpenAI body to a vLLM
+server and passes its answer through without re-encoding every token.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.config import ModelConfig
 from app.metrics import RequestRecord
 
 
@@ -24,6 +28,14 @@ class EngineInputError(EngineError):
 
 class EngineUnavailableError(EngineError):
     """The engine is down or failed mid-request (a 503)."""
+
+
+class EngineTimeoutError(EngineError):
+    """The request ran out of time (a 504); the engine request has been abandoned."""
+
+
+class EngineConfigError(ValueError):
+    """An engine's configuration cannot be used; the message names the engine."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,21 @@ class EngineInfo:
     num_speculative_tokens: int | None
     speculative_config: dict[str, Any] | None
     max_model_len: int
+    url: str | None = None  # the upstream server of a remote engine
+
+    @staticmethod
+    def configured(engine_id: EngineId, model: ModelConfig) -> EngineInfo:
+        """What the config says; `max_model_len` (0 here) is learnt when the engine starts."""
+        method = model.methods[engine_id.method]
+        return EngineInfo(
+            id=engine_id,
+            target=model.target,
+            speculative_method=method.speculative_method,
+            num_speculative_tokens=method.num_speculative_tokens,
+            speculative_config=method.speculative_config,
+            max_model_len=0,
+            url=method.url,
+        )
 
 
 @dataclass(frozen=True)
@@ -124,9 +151,29 @@ class EngineOutput:
 
 
 class Engine(Protocol):
-    """One engine serving one (model, method)."""
+    """One engine serving one (model, method): what the pool, `/ready`,
+    `/engines` and the metrics need of it."""
 
+    id: EngineId
     info: EngineInfo
+
+    def prepare(self) -> None:
+        """Validate the configuration (cheap: no process, no network)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def health(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+class GeneratingEngine(Engine, Protocol):
+    """An engine the gateway drives token by token (in-process vLLM)."""
 
     def generate(
         self, prompt: Prompt, sampling: Sampling, request_id: str
@@ -134,9 +181,3 @@ class Engine(Protocol):
         """Deltas as they come; the last one carries the record. Closing the
         iterator early aborts the request in the engine."""
         ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    async def health(self) -> bool: ...
-
-    def stats(self) -> EngineStats: ...

@@ -9,13 +9,13 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.engines.vllm_local import LocalVLLMEngine
+from app.engines.base import Engine
 
 LABELS = ["model", "method"]
 
 
 class EngineCollector(Collector):
-    def __init__(self, engines: Iterable[LocalVLLMEngine]) -> None:
+    def __init__(self, engines: Iterable[Engine]) -> None:
         self._engines = list(engines)
 
     def describe(self) -> list[Metric]:

@@ -1,6 +1,9 @@
-"""The engines of a config: validated together, started one after another (each
-start blocks until its EngineCore process is ready and, on a GPU, the memory
-check of the next engine must see what the previous one took), stopped together.
+"""The engines of a config: validated together, started, stopped together.
+
+In-process engines start one after another (each start blocks until its
+EngineCore process is ready and, on a GPU, the memory check of the next engine
+must see what the previous one took); remote engines only open a connection
+pool and probe their server, so they start alongside.
 """
 
 from __future__ import annotations
@@ -9,29 +12,39 @@ import asyncio
 import logging
 from collections.abc import Iterator
 
-from app.config import SpecgateConfig
-from app.engines.base import EngineId
+from app.config import ModelConfig, SpecgateConfig
+from app.engines.base import Engine, EngineId
+from app.engines.remote import RemoteVLLMEngine
 from app.engines.vllm_local import LocalVLLMEngine
 
 logger = logging.getLogger(__name__)
+
+# Every engine is an `Engine`; the API asks which kind answers a request.
+PoolEngine = LocalVLLMEngine | RemoteVLLMEngine
+
+
+def make_engine(engine_id: EngineId, model: ModelConfig) -> PoolEngine:
+    if model.methods[engine_id.method].remote:
+        return RemoteVLLMEngine(engine_id, model)
+    return LocalVLLMEngine(engine_id, model)
 
 
 class EnginePool:
     def __init__(self, config: SpecgateConfig) -> None:
         self.config = config
-        self._engines: dict[EngineId, LocalVLLMEngine] = {
-            EngineId(model_name, method): LocalVLLMEngine(EngineId(model_name, method), model)
-            for model_name, model in config.models.items()
-            for method in model.methods
-        }
+        self._engines: dict[EngineId, PoolEngine] = {}
+        for model_name, model in config.models.items():
+            for method in model.methods:
+                engine_id = EngineId(model_name, method)
+                self._engines[engine_id] = make_engine(engine_id, model)
 
-    def __iter__(self) -> Iterator[LocalVLLMEngine]:
+    def __iter__(self) -> Iterator[PoolEngine]:
         return iter(self._engines.values())
 
     def __len__(self) -> int:
         return len(self._engines)
 
-    def get(self, engine_id: EngineId) -> LocalVLLMEngine | None:
+    def get(self, engine_id: EngineId) -> PoolEngine | None:
         return self._engines.get(engine_id)
 
     def prepare(self) -> None:
@@ -41,21 +54,27 @@ class EnginePool:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.prepare)
-        started: list[LocalVLLMEngine] = []
+        remote = [e for e in self if isinstance(e, RemoteVLLMEngine)]
+        started: list[Engine] = []
         try:
+            started.extend(remote)  # stopping one that never started is harmless
+            await asyncio.gather(*(e.start() for e in remote))
             for engine in self:
-                await asyncio.to_thread(engine.start)
-                started.append(engine)
-                await engine.warm_up()
+                if engine not in remote:
+                    await engine.start()
+                    started.append(engine)
         except BaseException:
             logger.error("an engine failed to start; stopping the %d already started", len(started))
-            for engine in reversed(started):
-                engine.shutdown()
+            await _stop_all(reversed(started))
             raise
 
-    def stop(self) -> None:
-        for engine in reversed(list(self)):
-            try:
-                engine.shutdown()
-            except Exception:  # one engine's failure must not leave the others running
-                logger.exception("error while stopping engine %s", engine.id)
+    async def stop(self) -> None:
+        await _stop_all(reversed(list(self)))
+
+
+async def _stop_all(engines: Iterator[Engine]) -> None:
+    for engine in engines:
+        try:
+            await engine.stop()
+        except Exception:  # one engine's failure must not leave the others running
+            logger.exception("error while stopping engine %s", engine.id)

@@ -1,12 +1,13 @@
 """An in-process vLLM `AsyncLLM` serving one (model, method).
 
 Lifecycle: `prepare()` builds and validates the vLLM config (cheap, no process);
-`start()` blocks until the EngineCore process is up (call it off the event loop);
-`shutdown()` stops that process.
+`start()` returns once the EngineCore process is up and has answered one tiny
+request; `stop()` stops that process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from app.config import ModelConfig, describe_validation_error
 from app.engines.base import (
     ChatPrompt,
+    EngineConfigError,
     EngineId,
     EngineInfo,
     EngineInputError,
@@ -43,10 +45,6 @@ from app.engines.vllm_stats import (
 from app.metrics import SpecCounts
 
 logger = logging.getLogger(__name__)
-
-
-class EngineConfigError(ValueError):
-    """vLLM rejected an engine's configuration; the message names the engine."""
 
 
 def build_engine_args(engine_id: EngineId, model: ModelConfig) -> AsyncEngineArgs:
@@ -77,15 +75,7 @@ class LocalVLLMEngine:
         self._vllm_config: VllmConfig | None = None
         self._llm: AsyncLLM | None = None
         self._snapshot = SchedulerSnapshot()
-        method = model.methods[engine_id.method]
-        self.info = EngineInfo(
-            id=engine_id,
-            target=model.target,
-            speculative_method=method.speculative_method,
-            num_speculative_tokens=method.num_speculative_tokens,
-            speculative_config=method.speculative_config,
-            max_model_len=0,
-        )
+        self.info = EngineInfo.configured(engine_id, model)
 
     def prepare(self) -> None:
         """Let vLLM validate the whole configuration before any engine starts."""
@@ -114,7 +104,12 @@ class LocalVLLMEngine:
             max_model_len=self._vllm_config.model_config.max_model_len,
         )
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        # EngineCore start-up blocks for tens of seconds: off the event loop.
+        await asyncio.to_thread(self._start_blocking)
+        await self.warm_up()
+
+    def _start_blocking(self) -> None:
         if self._vllm_config is None:
             self.prepare()
         assert self._vllm_config is not None
@@ -136,6 +131,9 @@ class LocalVLLMEngine:
         (seconds on CPU) in its TTFT."""
         async for _ in self.generate(TextPrompt(text="Hello"), Sampling(max_tokens=2), f"warmup-{self.id}"):
             pass
+
+    async def stop(self) -> None:
+        self.shutdown()
 
     def shutdown(self) -> None:
         if self._llm is not None:
