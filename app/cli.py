@@ -68,14 +68,13 @@ def read_config(settings: Settings) -> SpecgateConfig:
 
 
 def _serve(settings: Settings, config: SpecgateConfig) -> int:
-    import uvicorn
-
     from app.api.app import build_app
+    from app.server import run
 
     app = build_app(config, settings)
     # Fail on a bad engine config here, with one line, before uvicorn starts.
     app.state.gateway.pool.prepare()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
     return 0
 
 

@@ -39,6 +39,34 @@ class Settings(BaseSettings):
     config: Path | None = None
     cache_dir: Path = Path.home() / ".cache" / "specgate"
     log_level: str = "info"
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
+    )
+    # Security (docs/operations.md). No keys: the API is open, as for a local demo.
+    api_keys: str | None = Field(default=None, description="Comma-separated bearer keys for the API.")
+    api_keys_file: Path | None = Field(default=None, description="A file of API keys, one per line.")
+    admin_keys: str | None = Field(default=None, description="Comma-separated keys of the admin scope.")
+    admin_keys_file: Path | None = None
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, description="Serve /metrics on this port only (not on the API port)."
+    )
+    metrics_require_key: bool = Field(default=False, description="/metrics on the API port needs an API key.")
+    cors_origins: str | None = Field(default=None, description="Comma-separated origins allowed by CORS; off if unset.")
+
+    def keys(self, scope: str) -> frozenset[str]:
+        """The keys of a scope ("api" or "admin"): the variable's list plus the file's lines."""
+        if scope == "api":
+            inline, file = self.api_keys, self.api_keys_file
+        else:
+            inline, file = self.admin_keys, self.admin_keys_file
+        found = [k.strip() for k in (inline or "").split(",")]
+        if file is not None:
+            try:
+                found += [line.strip() for line in file.read_text().splitlines()]
+            except OSError as exc:
+                raise ConfigError(f"{scope}_keys_file {file}: cannot read: {exc.strerror}") from None
+        return frozenset(k for k in found if k and not k.startswith("#"))
 
 
 class _Strict(BaseModel):
@@ -78,6 +106,27 @@ class EngineSettings(_Strict):
         return {**kwargs, **self.extra_args}
 
 
+class Limits(_Strict):
+    """What the gateway lets into one engine, and for how long (a method may override
+    any field of its model's)."""
+
+    max_in_flight: int = Field(default=256, gt=0, description="Requests at the engine at once.")
+    max_queued: int = Field(
+        default=256, ge=0, description="Requests waiting at the gateway for a place; beyond them a 429."
+    )
+    retry_after_s: int = Field(default=1, ge=0, description="The Retry-After of a 429.")
+    idle_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="Longest wait for the engine's next output (a remote engine's whole non-streamed answer).",
+    )
+    total_timeout_s: float | None = Field(
+        default=None, gt=0, description="Longest a whole request may take, its wait for a place included."
+    )
+
+    def merged(self, override: Limits) -> Limits:
+        return Limits(**{**self.model_dump(exclude_unset=True), **override.model_dump(exclude_unset=True)})
+
+
 class UpstreamSettings(_Strict):
     """How the gateway talks to a remote engine (a method with `url:`)."""
 
@@ -88,10 +137,6 @@ class UpstreamSettings(_Strict):
         default=None, description="Environment variable holding the upstream's API key (Bearer)."
     )
     connect_timeout_s: float = Field(default=10.0, gt=0)
-    idle_timeout_s: float = Field(
-        default=600.0, gt=0, description="Longest wait for the next streamed event (or a whole non-streamed answer)."
-    )
-    total_timeout_s: float | None = Field(default=None, gt=0, description="Longest a whole request may take.")
     max_connections: int = Field(default=256, gt=0)
     probe_interval_s: float = Field(default=5.0, gt=0, description="Health and load probe period.")
 
@@ -107,6 +152,7 @@ class MethodConfig(_Strict):
         default=None, description="Base URL of an OpenAI-compatible vLLM server serving this method."
     )
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    limits: Limits = Field(default_factory=Limits)
 
     @field_validator("url")
     @classmethod
@@ -162,6 +208,7 @@ class ModelConfig(_Strict):
     target: str = Field(description="Local folder or hub id of the target model.")
     tokenizer: str | None = None
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    limits: Limits = Field(default_factory=Limits)
     methods: dict[str, MethodConfig] = Field(min_length=1)
     default_method: str
 
@@ -183,6 +230,9 @@ class ModelConfig(_Strict):
 
     def engine_for(self, method: str) -> EngineSettings:
         return self.engine.merged(self.methods[method].engine)
+
+    def limits_for(self, method: str) -> Limits:
+        return self.limits.merged(self.methods[method].limits)
 
 
 class SpecgateConfig(_Strict):

@@ -165,6 +165,10 @@ class GatewayMetrics:
                                        buckets=TOKEN_BUCKETS, registry=reg)
         self.in_flight = Gauge("specgate_requests_in_flight", "Requests admitted and not finished.", lab,
                                registry=reg)
+        self.queued = Gauge("specgate_requests_queued", "Requests waiting at the gateway for a place.", lab,
+                            registry=reg)
+        self.rejected = Counter("specgate_requests_rejected", "Requests refused before reaching an engine.",
+                                (*lab, "reason"), registry=reg)
         self._vllm = VllmCompatibleMetrics(reg)
 
     def add_engine(self, model: str, method: str, num_speculative_tokens: int | None) -> None:
@@ -175,6 +179,8 @@ class GatewayMetrics:
         for counter in (self.prompt_tokens, self.output_tokens):
             counter.labels(*lab)
         self.in_flight.labels(*lab)
+        self.queued.labels(*lab)
+        self.rejected.labels(*lab, "overloaded")
         if num_speculative_tokens is not None:
             for counter in (self.spec_steps, self.draft_tokens, self.accepted_tokens):
                 counter.labels(*lab)

@@ -536,8 +536,9 @@ def methods_dashboard() -> Json:
     board.row("Engines")
     board.add(
         timeseries(
-            "Requests in flight / running / waiting",
-            "Admitted by the gateway and not finished; running and waiting in each engine's scheduler.",
+            "Requests in flight / running / waiting / queued",
+            "Admitted by the gateway and not finished; running and waiting in each engine's scheduler; "
+            "queued at the gateway for a place (limits.max_queued).",
             [
                 target(
                     f"sum by (model, method) ({selector('specgate_requests_in_flight')})", "in flight {{method}}", "A"
@@ -551,6 +552,9 @@ def methods_dashboard() -> Json:
                     f"sum by (model, method) ({selector('specgate_engine_waiting_requests')})",
                     "waiting {{method}}",
                     "C",
+                ),
+                target(
+                    f"sum by (model, method) ({selector('specgate_requests_queued')})", "queued {{method}}", "D"
                 ),
             ],
             "none",

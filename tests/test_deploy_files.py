@@ -574,6 +574,7 @@ def test_host_2_commands_are_the_in_process_engines_for_vllm_serve(
     """The installed vLLM's own `vllm serve` parser reads each host-2 line of the header into
     the engine arguments specgate gives the in-process engine of the per-host file (no
     engine, no download)."""
+    import huggingface_hub.constants
     from vllm import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -581,7 +582,10 @@ def test_host_2_commands_are_the_in_process_engines_for_vllm_serve(
     from app.engines.base import EngineId
     from app.engines.vllm_local import build_engine_args
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Offline, vLLM resolves a hub id to its cached folder while it builds the arguments,
+    # and these checkpoints are not cached here; online it leaves the id alone. Building
+    # arguments downloads nothing either way.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     ports = {httpx.URL(url).port: (model, method) for model, method, url, _ in remote_methods(load_config(config))}
     for argv in header_commands(config.read_text()):

@@ -64,7 +64,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
         "methods": {
             "none": {},
             "ngram": {"url": url, "speculative_config": spec, "upstream": {"probe_interval_s": 1}},
-            "slow": {"url": url, "speculative_config": spec, "upstream": {"total_timeout_s": 2}},
+            "slow": {"url": url, "speculative_config": spec, "limits": {"total_timeout_s": 2}},
+            "stalled": {"url": url, "speculative_config": spec, "limits": {"idle_timeout_s": 5}},
         },
     }}}
     path = tmp / "mixed.yaml"
@@ -121,7 +122,7 @@ def chat(oai: openai.OpenAI, model: str, prompt: str, **extra: Any) -> Any:
 def test_mixed_config_is_ready_and_listed(gw: httpx.Client, upstream: ServerProcess) -> None:
     ready = gw.get("/ready")
     assert ready.status_code == 200
-    assert ready.json()["engines"] == {LOCAL: True, REMOTE: True, SLOW: True}
+    assert ready.json()["engines"] == {LOCAL: True, REMOTE: True, SLOW: True, f"{MODEL}:stalled": True}
     cards = {m["id"]: m for m in gw.get("/v1/models").json()["data"]}
     assert cards[REMOTE]["speculative_method"] == "ngram"
     assert cards[REMOTE]["num_speculative_tokens"] == 4
@@ -289,6 +290,21 @@ def test_remote_total_timeout(gw: httpx.Client, upstream: ServerProcess) -> None
     failed = [s for f in text_string_to_metric_families(gw.get("/metrics").text) for s in f.samples
               if s.name == "specgate_requests_total" and s.labels["method"] == "slow"]
     assert {s.labels["outcome"]: s.value for s in failed}.get("timeout") == 2
+
+
+def test_remote_idle_timeout(gw: httpx.Client, upstream: ServerProcess) -> None:
+    # Non-streamed, vLLM sends nothing until the whole answer: no progress for 5 s.
+    reply = gw.post("/v1/chat/completions", json={**LONG, "model": f"{MODEL}:stalled"})
+    assert reply.status_code == 504
+    assert "idle_timeout_s" in reply.json()["error"]["message"]
+    assert wait_for(lambda: running_upstream(upstream) == 0, 15)
+    # Streamed, tokens keep coming well within 5 s of each other: it runs until its end.
+    body = {"model": f"{MODEL}:stalled", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 24,
+            "ignore_eos": True, "stream": True}
+    _, events = stream_events(gw, body)
+    last = json.loads(events[-2].removeprefix(b"data: "))
+    assert "specgate" in last, events[-3:]
+    assert last["specgate"]["completion_tokens"] == 24
 
 
 def test_remote_refusals_reach_the_client(gw: httpx.Client) -> None:

@@ -28,10 +28,10 @@ def error_of(method: dict[str, Any]) -> str:
 
 
 def test_remote_method_config() -> None:
-    method = parse_config(config_with({"url": "http://host-2:8000/", "upstream": {"total_timeout_s": 30}}))
+    method = parse_config(config_with({"url": "http://host-2:8000/", "upstream": {"connect_timeout_s": 3}}))
     remote = method.models["m"].methods["r"]
     assert remote.remote and remote.url == "http://host-2:8000"
-    assert remote.upstream.total_timeout_s == 30 and remote.upstream.idle_timeout_s == 600
+    assert remote.upstream.connect_timeout_s == 3 and remote.upstream.probe_interval_s == 5
     assert not method.models["m"].methods["none"].remote
 
 
@@ -43,7 +43,8 @@ def test_remote_method_config() -> None:
         ({"url": "http://h:1", "engine": {"dtype": "bfloat16"}},
          "models.m.methods.r: 'engine' settings do not apply to a remote method (url)"),
         ({"upstream": {"max_connections": 4}}, "models.m.methods.r: 'upstream' settings need a 'url'"),
-        ({"url": "http://h:1", "upstream": {"idle_timeout_s": 0}}, "models.m.methods.r.upstream.idle_timeout_s:"),
+        ({"url": "http://h:1", "upstream": {"connect_timeout_s": 0}}, "models.m.methods.r.upstream.connect_timeout_s:"),
+        ({"url": "http://h:1", "limits": {"idle_timeout_s": 0}}, "models.m.methods.r.limits.idle_timeout_s:"),
         ({"url": "http://h:1", "upstream": {"retries": 3}},
          "models.m.methods.r.upstream.retries: Extra inputs are not permitted"),
     ],

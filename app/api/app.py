@@ -1,14 +1,20 @@
-"""The FastAPI application: engines start in the lifespan and stop with it."""
+"""The FastAPI application: engines start in the lifespan and stop with it;
+around the routes, the body-size limit, keys and CORS (app/api/security.py)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from wsgiref.simple_server import WSGIServer
 
 from fastapi import FastAPI
+from prometheus_client import start_http_server
 
-from app.api import chat, completions, system
+from app.api import admin, chat, completions, system
+from app.api.admission import Admission
+from app.api.body_limit import BodySizeLimit
 from app.api.errors import install_error_handlers
+from app.api.security import install_security
 from app.api.state import GatewayState
 from app.config import Settings, SpecgateConfig
 from app.engines.collector import EngineCollector
@@ -23,22 +29,42 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     metrics.register(EngineCollector(pool))
     for engine in pool:
         metrics.add_engine(engine.id.model, engine.id.method, engine.info.num_speculative_tokens)
-    state = GatewayState(settings=settings, pool=pool, router=Router.from_config(config), metrics=metrics)
+    admissions = {
+        engine.id: Admission(engine.id, config.models[engine.id.model].limits_for(engine.id.method), metrics)
+        for engine in pool
+    }
+    state = GatewayState(settings=settings, pool=pool, router=Router.from_config(config), metrics=metrics,
+                         admissions=admissions)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.pool.start()
+        metrics_server = _start_metrics_server(state)
         try:
             yield
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
             await state.pool.stop()
 
     app = FastAPI(title="specgate", version=_version(), lifespan=lifespan)
     app.state.gateway = state
+    app.state.drain = state.start_draining  # the server replaces it with one that also exits
     install_error_handlers(app)
-    for module in (chat, completions, system):
+    install_security(app, settings)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    for module in (chat, completions, system, admin):
         app.include_router(module.router)
     return app
+
+
+def _start_metrics_server(state: GatewayState) -> WSGIServer | None:
+    """`/metrics` on a port of its own (prometheus_client's server, a thread)."""
+    port = state.settings.metrics_port
+    if port is None:
+        return None
+    server, _ = start_http_server(port, addr=state.settings.host, registry=state.metrics.registry)
+    return server
 
 
 def _version() -> str:

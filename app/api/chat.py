@@ -29,6 +29,7 @@ from app.api.protocol import (
     TopLogprobEntry,
 )
 from app.api.proxy import forward
+from app.api.security import require_api_key
 from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChatPrompt, ChoiceDelta, TokenLogprob
@@ -37,7 +38,7 @@ from app.engines.remote import RemoteVLLMEngine
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None, dependencies=[Depends(require_api_key)])
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: GatewayState = Depends(gateway_state)
 ) -> Response:

@@ -18,6 +18,7 @@ from app.api.generation import (
 )
 from app.api.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from app.api.proxy import forward
+from app.api.security import require_api_key
 from app.api.sse import Chunk, respond, usage_of
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import ChoiceDelta, TextPrompt, TokenLogprob
@@ -26,7 +27,7 @@ from app.engines.remote import RemoteVLLMEngine
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, dependencies=[Depends(require_api_key)])
 async def create_completion(
     body: CompletionRequest, request: Request, state: GatewayState = Depends(gateway_state)
 ) -> Response:

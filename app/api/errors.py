@@ -23,10 +23,14 @@ class APIError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers = headers or {}
         if code is not None:
             self.code = code
 
@@ -64,6 +68,12 @@ class MethodNotAllowedError(APIError):
     type = "invalid_request_error"
 
 
+class OverloadedError(APIError):
+    status = 429
+    type = "rate_limit_error"
+    code = "engine_overloaded"
+
+
 class ServiceUnavailableError(APIError):
     status = 503
     type = "service_unavailable"
@@ -89,7 +99,7 @@ def api_error_for(exc: BaseException) -> APIError:
 
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from starlette.responses import Response
 
+from app.api.admission import admit
 from app.api.errors import (
     APIError,
     ModelNotFoundError,
@@ -27,14 +28,14 @@ from app.api.tracking import RequestTracker, failure_outcome
 from app.engines.base import (
     ChoiceDelta,
     Engine,
-    EngineInputError,
+    EngineError,
     EngineOutput,
-    EngineUnavailableError,
     GeneratingEngine,
     Prompt,
     Sampling,
     TokenLogprob,
 )
+from app.engines.clock import RequestClock
 from app.engines.pool import PoolEngine
 from app.metrics import RequestRecord
 from app.routing import METHOD_HEADER, RouteNotFoundError
@@ -65,6 +66,8 @@ def new_request_id(prefix: str) -> str:
 
 
 def resolve_engine(state: GatewayState, request: Request, model: str) -> PoolEngine:
+    if state.draining:
+        raise ServiceUnavailableError("The server is shutting down; retry on another replica.")
     try:
         route = state.router.route(model, request.headers.get(METHOD_HEADER))
     except RouteNotFoundError as exc:
@@ -88,6 +91,7 @@ class Generation:
     first: EngineOutput
     rest: AsyncIterator[EngineOutput]
     tracker: RequestTracker
+    clock: RequestClock
     finished: bool = False
 
     async def outputs(self) -> AsyncIterator[EngineOutput]:
@@ -97,7 +101,7 @@ class Generation:
                     self.finished = True
                     self.tracker.finish(out.record)
                 yield out
-        except (EngineInputError, EngineUnavailableError) as exc:
+        except EngineError as exc:
             self.tracker.fail(failure_outcome(exc))
             raise
 
@@ -105,7 +109,12 @@ class Generation:
         yield self.first
         if self.first.finished:
             return
-        async for out in self.rest:
+        while True:
+            try:
+                async with self.clock.wait():
+                    out = await anext(self.rest)
+            except StopAsyncIteration:
+                return
             yield out
 
     async def close(self) -> None:
@@ -119,21 +128,29 @@ class Generation:
 async def start_generation(
     state: GatewayState, engine: GeneratingEngine, prompt: Prompt, sampling: Sampling, request_id: str
 ) -> Generation:
-    tracker = RequestTracker(state.metrics, engine.id, request_id)
+    admitted = await admit(state.admissions[engine.id], state.metrics, request_id)
+    tracker = admitted.tracker
     stream = engine.generate(prompt, sampling, request_id)
     try:
-        first = await anext(stream)
-    except (EngineInputError, EngineUnavailableError) as exc:
+        async with admitted.clock.wait():
+            first = await anext(stream)
+    except EngineError as exc:
         tracker.fail(failure_outcome(exc))
+        await _abandon(stream, engine, request_id)
         raise api_error_for(exc) from None
     except StopAsyncIteration:
         tracker.fail("error")
         raise ServiceUnavailableError(f"engine {engine.id} ended the request without output") from None
     except BaseException:
         tracker.fail("cancelled")
-        await stream.aclose()  # type: ignore[attr-defined]
+        await _abandon(stream, engine, request_id)
         raise
-    return Generation(engine, request_id, first, stream, tracker)
+    return Generation(engine, request_id, first, stream, tracker, admitted.clock)
+
+
+async def _abandon(stream: AsyncIterator[EngineOutput], engine: GeneratingEngine, request_id: str) -> None:
+    await stream.aclose()  # type: ignore[attr-defined]
+    await engine.abort(request_id)
 
 
 @dataclass
@@ -159,7 +176,7 @@ async def collect(generation: Generation) -> Collected:
             for delta in out.choices:
                 _append(choices.setdefault(delta.index, ChoiceText()), delta)
             record = out.record or record
-    except (EngineInputError, EngineUnavailableError) as exc:
+    except EngineError as exc:
         raise api_error_for(exc) from None
     finally:
         await generation.close()

@@ -21,6 +21,7 @@ from pydantic import (
 
 MAX_N = 16
 MAX_STOP = 16
+MAX_MESSAGES = 2048
 
 
 class _Request(BaseModel):
@@ -97,7 +98,7 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from app.api.admission import admit
 from app.api.errors import ServiceUnavailableError, api_error_for
 from app.api.generation import engine_headers
 from app.api.protocol import SamplingFields
@@ -44,9 +45,10 @@ def upstream_payload(body: SamplingFields) -> dict[str, Any]:
 async def forward(
     state: GatewayState, engine: RemoteVLLMEngine, path: str, body: SamplingFields, request_id: str
 ) -> Response:
-    tracker = RequestTracker(state.metrics, engine.id, request_id)
+    admitted = await admit(state.admissions[engine.id], state.metrics, request_id)
+    tracker = admitted.tracker
     try:
-        call = await engine.open(path, upstream_payload(body), request_id)
+        call = await engine.open(path, upstream_payload(body), request_id, admitted.clock)
     except EngineError as exc:
         tracker.fail(failure_outcome(exc))
         raise api_error_for(exc) from None

@@ -10,6 +10,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.api.errors import NotFoundError
+from app.api.security import require_api_key, require_metrics_key
 from app.api.state import GatewayState, gateway_state
 from app.engines.base import Engine
 
@@ -17,7 +19,7 @@ router = APIRouter()
 _CREATED = int(time.time())
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", dependencies=[Depends(require_api_key)])
 async def list_models(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
     data: list[dict[str, Any]] = []
     for name, model in state.pool.config.models.items():
@@ -42,8 +44,11 @@ def _engine_extra(engine: Engine) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, dependencies=[Depends(require_metrics_key)])
 async def metrics(state: GatewayState = Depends(gateway_state)) -> Response:
+    port = state.settings.metrics_port
+    if port is not None:
+        raise NotFoundError(f"/metrics is served on port {port}.")
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -55,11 +60,12 @@ async def health() -> dict[str, str]:
 @router.get("/ready")
 async def ready(state: GatewayState = Depends(gateway_state)) -> JSONResponse:
     engines = {str(e.id): await e.health() for e in state.pool}
-    ok = bool(engines) and all(engines.values())
-    return JSONResponse({"ready": ok, "engines": engines}, status_code=200 if ok else 503)
+    ok = bool(engines) and all(engines.values()) and not state.draining
+    body = {"ready": ok, "engines": engines, "draining": state.draining}
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/engines")
+@router.get("/engines", dependencies=[Depends(require_api_key)])
 async def engines(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
     return {
         "engines": [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from app.engines.base import EngineId, EngineInputError, EngineTimeoutError
 from app.metrics import GatewayMetrics, RequestRecord
@@ -15,10 +16,14 @@ logger = logging.getLogger("specgate.access")
 
 
 class RequestTracker:
-    def __init__(self, metrics: GatewayMetrics, engine: EngineId, request_id: str) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics, engine: EngineId, request_id: str,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._engine = engine
         self._request_id = request_id
+        self._on_end = on_end
         self._ended = False
         metrics.in_flight.labels(engine.model, engine.method).inc()
 
@@ -43,6 +48,8 @@ class RequestTracker:
             return False
         self._ended = True
         self._metrics.in_flight.labels(self._engine.model, self._engine.method).dec()
+        if self._on_end is not None:
+            self._on_end()
         return True
 
 

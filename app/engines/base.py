@@ -79,6 +79,7 @@ class EngineStats:
     running_requests: int | None = None
     waiting_requests: int | None = None
     kv_cache_usage: float | None = None
+    restarts: int = 0  # times the gateway restarted it after it died
 
 
 @dataclass(frozen=True)

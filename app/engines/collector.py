@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.engines.base import Engine
@@ -27,6 +27,7 @@ class EngineCollector(Collector):
         waiting = GaugeMetricFamily("specgate_engine_waiting_requests", "Requests queued in the engine.",
                                     labels=LABELS)
         kv = GaugeMetricFamily("specgate_engine_kv_cache_usage_ratio", "KV-cache use (0-1).", labels=LABELS)
+        restarts = CounterMetricFamily("specgate_engine_restarts", "Restarts after the engine died.", labels=LABELS)
         info = GaugeMetricFamily("specgate_engine_info", "Always 1: the engine's speculative method and N.",
                                  labels=[*LABELS, "speculative_method", "num_speculative_tokens"])
         for engine in self._engines:
@@ -39,6 +40,7 @@ class EngineCollector(Collector):
                 waiting.add_metric(labels, stats.waiting_requests)
             if stats.kv_cache_usage is not None:
                 kv.add_metric(labels, stats.kv_cache_usage)
+            restarts.add_metric(labels, stats.restarts)
             n = engine.info.num_speculative_tokens
             info.add_metric([*labels, engine.info.speculative_method, "" if n is None else str(n)], 1.0)
-        yield from (up, running, waiting, kv, info)
+        yield from (up, running, waiting, kv, restarts, info)

@@ -19,6 +19,10 @@ from app.engines.vllm_local import LocalVLLMEngine
 
 logger = logging.getLogger(__name__)
 
+WATCH_INTERVAL_S = 1.0
+RESTART_BACKOFF_S = 1.0
+MAX_RESTART_BACKOFF_S = 60.0
+
 # Every engine is an `Engine`; the API asks which kind answers a request.
 PoolEngine = LocalVLLMEngine | RemoteVLLMEngine
 
@@ -33,6 +37,7 @@ class EnginePool:
     def __init__(self, config: SpecgateConfig) -> None:
         self.config = config
         self._engines: dict[EngineId, PoolEngine] = {}
+        self._watchers: list[asyncio.Task[None]] = []
         for model_name, model in config.models.items():
             for method in model.methods:
                 engine_id = EngineId(model_name, method)
@@ -67,9 +72,34 @@ class EnginePool:
             logger.error("an engine failed to start; stopping the %d already started", len(started))
             await _stop_all(reversed(started))
             raise
+        self._watchers = [asyncio.create_task(_keep_alive(e)) for e in self if isinstance(e, LocalVLLMEngine)]
 
     async def stop(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         await _stop_all(reversed(list(self)))
+
+
+async def _keep_alive(engine: LocalVLLMEngine) -> None:
+    """Restart an in-process engine whose EngineCore died, waiting 1, 2, 4 … 60 s
+    between failed attempts. Meanwhile its requests get a 503 and /ready says it is
+    down; the other engines are not touched."""
+    backoff = RESTART_BACKOFF_S
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL_S)
+        if not engine.dead:
+            continue
+        logger.error("engine %s is dead; restarting it in %g s", engine.id, backoff)
+        await asyncio.sleep(backoff)
+        try:
+            await engine.restart()
+        except Exception:  # the next round tries again, later
+            logger.exception("engine %s did not restart", engine.id)
+            backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
+        else:
+            logger.info("engine %s restarted", engine.id)
+            backoff = RESTART_BACKOFF_S
 
 
 async def _stop_all(engines: Iterator[Engine]) -> None:

@@ -34,6 +34,7 @@ from app.engines.base import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
+from app.engines.clock import RequestClock
 from app.metrics import RequestRecord, SpecCounts, Timing
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class RemoteVLLMEngine:
         self._client = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
-            # Reads are bounded per call (idle and total timeouts), not per socket read.
+            # Reads are bounded by each request's clock (idle and total limits), not per socket read.
             timeout=httpx.Timeout(s.connect_timeout_s, read=None),
             limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
         )
@@ -181,13 +182,13 @@ class RemoteVLLMEngine:
         if call is not None:
             await call.close()
 
-    async def open(self, path: str, payload: dict[str, Any], request_id: str) -> UpstreamCall:
+    async def open(self, path: str, payload: dict[str, Any], request_id: str, clock: RequestClock) -> UpstreamCall:
         """POST `payload` (its `model` replaced by the upstream's name) and return
         once the upstream's status and headers are in."""
         name = self.served_model_name
         if name is None:
             raise EngineUnavailableError(f"engine {self.id}: the upstream {self.url} has not been reached yet")
-        call = UpstreamCall(self, request_id)
+        call = UpstreamCall(self, request_id, clock)
         request = self.client.build_request("POST", path, json={**payload, "model": name})
         async with call.limit():
             call.response = await self.client.send(request, stream=True)
@@ -230,13 +231,12 @@ class UpstreamCall:
     """One request to the upstream: its response, its clock and its deadlines.
     `close()` (idempotent) drops the connection, which aborts the request there."""
 
-    def __init__(self, engine: RemoteVLLMEngine, request_id: str) -> None:
+    def __init__(self, engine: RemoteVLLMEngine, request_id: str, clock: RequestClock) -> None:
         self.engine = engine
         self.request_id = request_id
+        self.clock = clock
         self.response: httpx.Response | None = None
         self.sent = time.monotonic()
-        total = engine.settings.total_timeout_s
-        self._deadline = self.sent + total if total is not None else None
         self.first_event: float | None = None
         self.last_event: float | None = None
 
@@ -247,20 +247,14 @@ class UpstreamCall:
 
     @contextlib.asynccontextmanager
     async def limit(self) -> AsyncIterator[None]:
-        """Bound one wait for the upstream by the idle timeout and what is left of
-        the total; an expired wait raises `EngineTimeoutError`."""
-        idle = self.engine.settings.idle_timeout_s
-        left = self._deadline - time.monotonic() if self._deadline is not None else idle
+        """One wait for the upstream, bounded by the request's clock; a timeout or a
+        broken connection closes the call (which aborts the request upstream)."""
         try:
-            async with asyncio.timeout(max(0.0, min(idle, left))):
+            async with self.clock.wait():
                 yield
-        except TimeoutError:
+        except EngineTimeoutError:
             await self.close()
-            which = "total_timeout_s" if left < idle else "idle_timeout_s"
-            limit = self.engine.settings.total_timeout_s if which == "total_timeout_s" else idle
-            raise EngineTimeoutError(
-                f"engine {self.engine.id}: the upstream did not answer within {limit:g} s ({which})"
-            ) from None
+            raise
         except httpx.TransportError as exc:
             await self.close()
             if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):

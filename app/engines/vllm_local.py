@@ -75,6 +75,8 @@ class LocalVLLMEngine:
         self._vllm_config: VllmConfig | None = None
         self._llm: AsyncLLM | None = None
         self._snapshot = SchedulerSnapshot()
+        self.restarts = 0
+        self._wanted = False
         self.info = EngineInfo.configured(engine_id, model)
 
     def prepare(self) -> None:
@@ -105,6 +107,7 @@ class LocalVLLMEngine:
         )
 
     async def start(self) -> None:
+        self._wanted = True
         # EngineCore start-up blocks for tens of seconds: off the event loop.
         await asyncio.to_thread(self._start_blocking)
         await self.warm_up()
@@ -133,6 +136,7 @@ class LocalVLLMEngine:
             pass
 
     async def stop(self) -> None:
+        self._wanted = False
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -150,6 +154,17 @@ class LocalVLLMEngine:
     async def health(self) -> bool:
         return self._llm is not None and not self._llm.errored
 
+    @property
+    def dead(self) -> bool:
+        """Meant to run (started, not stopped), but its EngineCore is gone or a restart failed."""
+        return self._wanted and (self._llm is None or self._llm.errored)
+
+    async def restart(self) -> None:
+        """Clean up what is left of a dead engine and start it again; raises if the start fails."""
+        self.restarts += 1
+        self.shutdown()
+        await self.start()
+
     def stats(self) -> EngineStats:
         llm = self._llm
         return EngineStats(
@@ -158,6 +173,7 @@ class LocalVLLMEngine:
             running_requests=self._snapshot.running,
             waiting_requests=self._snapshot.waiting,
             kv_cache_usage=self._snapshot.kv_cache_usage,
+            restarts=self.restarts,
         )
 
     async def abort(self, request_id: str) -> None:

@@ -1,0 +1,66 @@
+"""uvicorn with a graceful SIGTERM. The first SIGTERM (or `POST /admin/drain`)
+starts a drain: new requests get a 503 and `/ready` a 503, so a load balancer
+moves on, while the requests in flight finish, for up to `drain_timeout_s`; then
+uvicorn stops, the lifespan stops the engines, and the process exits 0. Ctrl-C
+(SIGINT) stops at once, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.api.state import GatewayState
+
+
+class GatewayServer(uvicorn.Server):  # type: ignore[misc]
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.gateway: GatewayState = app.state.gateway
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        app.state.drain = self.start_drain
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._loop is not None:
+            # Not recorded as a captured signal: uvicorn would re-raise it after
+            # the shutdown, and the exit status would be SIGTERM's, not 0.
+            self._loop.call_soon_threadsafe(self.start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def start_drain(self) -> None:
+        if self.gateway.draining:
+            return
+        self.gateway.start_draining()
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.gateway.settings.drain_timeout_s
+        # busy() spans every engine's admission: a poll for the length of a drain is simplest.
+        while self.gateway.busy() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        self.should_exit = True
+
+
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app did not start
+
+
+def run(app: FastAPI, host: str, port: int, log_level: str) -> None:
+    # After the drain, what is still open gets a few seconds before it is cut.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = GatewayServer(config, app)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the shutdown has run already, as with uvicorn.run
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

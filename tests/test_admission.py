@@ -1,0 +1,116 @@
+"""Admission and time limits as units: the real `Admission` and `RequestClock`
+driven by asyncio tasks (no engine needed for what they decide)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from app.api.admission import Admission
+from app.api.errors import OverloadedError
+from app.config import Limits
+from app.engines.base import EngineId, EngineTimeoutError
+from app.engines.clock import RequestClock
+from app.metrics import GatewayMetrics
+
+pytestmark = pytest.mark.unit
+
+ENGINE = EngineId("m", "x")
+
+
+def admission(**limits: int) -> tuple[Admission, GatewayMetrics]:
+    metrics = GatewayMetrics()
+    return Admission(ENGINE, Limits(**limits), metrics), metrics
+
+
+def clock(**limits: float) -> RequestClock:
+    return RequestClock(ENGINE, Limits(**limits))
+
+
+def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, {"model": "m", "method": "x", **labels})
+    return value or 0.0
+
+
+async def enter_later(adm: Admission, order: list[int], i: int) -> Callable[[], None]:
+    release = await adm.enter(clock())
+    order.append(i)
+    return release
+
+
+def test_places_queue_and_overflow() -> None:
+    async def scenario() -> None:
+        adm, metrics = admission(max_in_flight=2, max_queued=2, retry_after_s=3)
+        first = [await adm.enter(clock()) for _ in range(2)]
+        order: list[int] = []
+        waiting = [asyncio.create_task(enter_later(adm, order, i)) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert (adm.in_flight, adm.queued) == (2, 2)
+        assert sample(metrics, "specgate_requests_queued") == 2
+        with pytest.raises(OverloadedError) as refused:
+            await adm.enter(clock())
+        assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "3"}
+        assert sample(metrics, "specgate_requests_rejected_total", reason="overloaded") == 1
+        first[0]()
+        first[0]()  # releasing twice gives back one place only
+        await asyncio.sleep(0.01)
+        assert order == [0] and (adm.in_flight, adm.queued) == (2, 1)
+        first[1]()
+        second = [await task for task in waiting]
+        assert order == [0, 1] and adm.queued == 0
+        for release in second:
+            release()
+        assert adm.in_flight == 0 and sample(metrics, "specgate_requests_queued") == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_leaves_gives_up_its_turn() -> None:
+    async def scenario() -> None:
+        adm, _ = admission(max_in_flight=1, max_queued=2)
+        held = await adm.enter(clock())
+        order: list[int] = []
+        leaving = asyncio.create_task(enter_later(adm, order, 0))
+        staying = asyncio.create_task(enter_later(adm, order, 1))
+        await asyncio.sleep(0.01)
+        leaving.cancel()  # the client went away while queued
+        await asyncio.sleep(0.01)
+        assert adm.queued == 1
+        held()
+        (await staying)()
+        assert order == [1] and adm.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_out_of_time_gets_a_timeout() -> None:
+    async def scenario() -> None:
+        adm, _ = admission(max_in_flight=1, max_queued=1)
+        held = await adm.enter(clock())
+        with pytest.raises(EngineTimeoutError, match="total_timeout_s"):
+            await adm.enter(clock(total_timeout_s=0.05))
+        assert adm.queued == 0
+        held()
+        assert adm.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_clock_idle_and_total_limits() -> None:
+    async def wait(c: RequestClock, seconds: float) -> None:
+        async with c.wait():
+            await asyncio.sleep(seconds)
+
+    async def scenario() -> None:
+        with pytest.raises(EngineTimeoutError, match="idle_timeout_s"):
+            await wait(clock(idle_timeout_s=0.05), 1)
+        total = clock(total_timeout_s=0.15, idle_timeout_s=0.1)
+        await wait(total, 0.06)  # each wait is under the idle limit...
+        await wait(total, 0.06)
+        with pytest.raises(EngineTimeoutError, match="total_timeout_s"):
+            await wait(total, 0.06)  # ...but the total runs out
+        await wait(clock(idle_timeout_s=1), 0.01)
+
+    asyncio.run(scenario())

@@ -1,0 +1,337 @@
+"""Limits and faults against a real gateway with real in-process engines: `none`
+has one place, one queue slot and an 8 s total limit; `ngram` has the defaults
+and is killed and restarted; last, SIGTERM drains the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.cli import read_config
+from app.config import Settings
+from tests.gateway import GatewayProcess, descendants, start_gateway, wait_for
+
+MODEL = "smollm2"
+ENGINE = f"{MODEL}:none"
+TOTAL_S = 8
+LONG = {
+    "model": ENGINE,
+    "messages": [{"role": "user", "content": "Write a very long essay about the history of Europe."}],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+}
+MAX_BODY = 65536
+SHORT = {"model": ENGINE, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("limits")
+    model = read_config(Settings(config=None)).models[MODEL]
+    config = {"models": {MODEL: {
+        "target": model.target,
+        "engine": model.engine.model_dump(exclude_unset=True),
+        "default_method": "none",
+        "methods": {
+            "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
+            "ngram": {"speculative_config": model.methods["ngram"].speculative_config},
+        },
+    }}}
+    path = tmp / "limited.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))  # engines start in this order
+    gateway = start_gateway(tmp / "gateway.log", path, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)})
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        code = gateway.interrupt()
+        if code != 0:
+            print(gateway.log()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def gw(limited: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=limited.url, timeout=httpx.Timeout(120, connect=10)) as client:
+        yield client
+
+
+def series(gw: httpx.Client, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(gw.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+def unfinished(gw: httpx.Client, engine: str = ENGINE) -> int:
+    engines = {e["engine"]: e for e in gw.get("/engines").json()["engines"]}
+    return int(engines[engine]["unfinished_requests"])
+
+
+def test_beyond_place_and_queue_a_429_at_once(gw: httpx.Client, limited: GatewayProcess) -> None:
+    queued_status: list[int] = []
+
+    def queued_client() -> None:
+        with httpx.Client(base_url=limited.url, timeout=120) as own, \
+                own.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as response:
+            queued_status.append(response.status_code)
+            response.read()
+
+    rejected_before = series(gw, "specgate_requests_rejected_total", reason="overloaded")
+    with httpx.Client(base_url=limited.url, timeout=120) as own, \
+            own.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()
+        next(lines)
+        waiter = threading.Thread(target=queued_client)
+        waiter.start()
+        assert wait_for(lambda: series(gw, "specgate_requests_queued", method="none") == 1, 10)
+        started = time.monotonic()
+        refused = gw.post("/v1/chat/completions", json=SHORT)
+        assert time.monotonic() - started < 2
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "2"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert refused.json()["error"]["code"] == "engine_overloaded"
+        assert unfinished(gw) == 1  # the refused request never reached the engine
+        assert queued_status == []  # the queued one waits for the place
+    # The first client left: its place goes to the queued request, which is answered.
+    waiter.join(60)
+    assert queued_status == [200]
+    assert series(gw, "specgate_requests_rejected_total", reason="overloaded") == rejected_before + 1
+    assert wait_for(lambda: unfinished(gw) == 0, 15)
+    assert series(gw, "specgate_requests_queued") == 0
+    assert gw.post("/v1/chat/completions", json=SHORT).status_code == 200
+
+
+def test_total_timeout_aborts_the_engine_request(gw: httpx.Client) -> None:
+    timeouts_before = series(gw, "specgate_requests_total", outcome="timeout")
+    started = time.monotonic()
+    reply = gw.post("/v1/chat/completions", json=LONG)
+    took = time.monotonic() - started
+    assert reply.status_code == 504, reply.text
+    assert reply.json()["error"]["type"] == "timeout_error" and "total_timeout_s" in reply.json()["error"]["message"]
+    assert TOTAL_S - 0.5 < took < TOTAL_S + 10
+    assert wait_for(lambda: unfinished(gw) == 0, 10)
+
+    with gw.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
+        assert response.status_code == 200
+        events = [e for e in response.read().split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert json.loads(events[-2].removeprefix(b"data: "))["error"]["type"] == "timeout_error"
+    assert len(events) > 3  # tokens flowed until the deadline
+    assert wait_for(lambda: unfinished(gw) == 0, 10)
+    assert series(gw, "specgate_requests_total", outcome="timeout") == timeouts_before + 2
+    assert gw.post("/v1/chat/completions", json=SHORT).status_code == 200
+
+
+def test_limits_in_the_config_file_name_the_key(tmp_path: Path) -> None:
+    from app.config import ConfigError, parse_config
+
+    raw = {"models": {"m": {"target": "x", "default_method": "a", "limits": {"max_in_flight": 0},
+                            "methods": {"a": {}}}}}
+    with pytest.raises(ConfigError, match=r"models\.m\.limits\.max_in_flight: Input should be greater than 0"):
+        parse_config(raw)
+
+
+# ---- soak: a few hundred requests of every kind at once ----
+
+SOAK_REQUESTS = 240
+SOAK_CONCURRENCY = 32
+SPEC = f"{MODEL}:ngram"
+
+
+@dataclass
+class SoakResult:
+    kind: str
+    status: int | None = None  # None: the client left on purpose
+    complete: bool = False  # a full answer: finish_reason and a record
+    error_type: str | None = None
+
+
+def soak_plan(seed: int) -> list[str]:
+    kinds = (["answer"] * 55 + ["stream"] * 15 + ["disconnect"] * 10 + ["timeout"] * 5 + ["overload"] * 10
+             + ["oversize"] * 5)
+    rng = random.Random(seed)
+    return [rng.choice(kinds) for _ in range(SOAK_REQUESTS)]
+
+
+async def soak_one(client: httpx.AsyncClient, kind: str, i: int) -> SoakResult:
+    prompt = [{"role": "user", "content": f"Count from {i} to {i + 9}, separated by commas."}]
+    if kind == "oversize":
+        body = {"model": SPEC, "messages": [{"role": "user", "content": "x" * (MAX_BODY + 1)}]}
+        reply = await client.post("/v1/chat/completions", json=body)
+        return SoakResult(kind, reply.status_code, error_type=reply.json()["error"]["code"])
+    if kind in ("answer", "overload", "timeout"):
+        model = SPEC if kind == "answer" else ENGINE
+        tokens = 3000 if kind == "timeout" else 16
+        body = {"model": model, "messages": prompt, "max_tokens": tokens, "ignore_eos": kind == "timeout"}
+        reply = await client.post("/v1/chat/completions", json=body)
+        data = reply.json()
+        if reply.status_code != 200:
+            return SoakResult(kind, reply.status_code, error_type=data["error"]["type"])
+        finished = data["choices"][0]["finish_reason"] in ("stop", "length") and data["specgate"] is not None
+        return SoakResult(kind, 200, complete=finished and data["specgate"]["completion_tokens"] > 0)
+    body = {"model": SPEC, "messages": prompt, "max_tokens": 16 if kind == "stream" else 400, "stream": True,
+            "ignore_eos": kind == "disconnect"}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events: list[str] = []
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+            if kind == "disconnect" and len(events) == 3:
+                return SoakResult(kind)  # leaving closes the connection mid-stream
+        last = json.loads(events[-2].removeprefix("data: "))
+        if "error" in last:
+            return SoakResult(kind, response.status_code, error_type=last["error"]["type"])
+        return SoakResult(kind, response.status_code, complete=events[-1] == "data: [DONE]" and "specgate" in last)
+
+
+async def soak(url: str, plan: list[str]) -> list[SoakResult]:
+    gate = asyncio.Semaphore(SOAK_CONCURRENCY)
+    limits = httpx.Limits(max_connections=SOAK_CONCURRENCY * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120, connect=10), limits=limits) as client:
+
+        async def run(i: int, kind: str) -> SoakResult:
+            async with gate:
+                return await soak_one(client, kind, i)
+
+        return await asyncio.gather(*(run(i, kind) for i, kind in enumerate(plan)))
+
+
+def outcome_counts(gw: httpx.Client) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(gw.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "specgate_requests_total":
+                counts[sample.labels["outcome"]] = counts.get(sample.labels["outcome"], 0) + sample.value
+            if sample.name == "specgate_requests_rejected_total":
+                key = f"rejected:{sample.labels['reason']}"
+                counts[key] = counts.get(key, 0) + sample.value
+    return counts
+
+
+def test_soak_every_request_ends_cleanly_and_nothing_leaks(gw: httpx.Client, limited: GatewayProcess) -> None:
+    process = psutil.Process(limited.proc.pid)
+    asyncio.run(soak(limited.url, soak_plan(seed=1)[:60]))  # warm-up: allocator and connection pools
+    assert wait_for(lambda: all(e["unfinished_requests"] == 0 for e in gw.get("/engines").json()["engines"]), 30)
+    fds_before, rss_before = process.num_fds(), process.memory_info().rss
+    counts_before = outcome_counts(gw)
+
+    results = asyncio.run(soak(limited.url, soak_plan(seed=2)))
+
+    # Every request ended in a full answer or a clean error of the kind expected.
+    clean = {"overload": {429, 504}, "timeout": {429, 504}, "oversize": {413}}
+    for result in results:
+        if result.kind == "disconnect":
+            assert result.status is None
+        elif result.status == 200:
+            assert result.complete or result.error_type == "timeout_error", result
+        else:
+            assert result.status in clean.get(result.kind, set()), result
+            assert result.error_type is not None
+    by_status: dict[tuple[str, int | None], int] = {}
+    for result in results:
+        by_status[(result.kind, result.status)] = by_status.get((result.kind, result.status), 0) + 1
+    print("soak results (kind, status): count", dict(sorted(by_status.items(), key=str)))
+    assert any(r.status == 429 for r in results), "the load should have exceeded the `none` engine's limits"
+    assert all(r.complete for r in results if r.kind in ("answer", "stream"))
+
+    # Afterwards: no engine request left, descriptors and memory back near the start.
+    assert wait_for(lambda: all(e["unfinished_requests"] == 0 for e in gw.get("/engines").json()["engines"]), 30)
+    assert series(gw, "specgate_requests_in_flight") == 0 and series(gw, "specgate_requests_queued") == 0
+    assert wait_for(lambda: process.num_fds() <= fds_before + 8, 15)  # closed client sockets go away
+    fds_after, rss_after = process.num_fds(), process.memory_info().rss
+    print(f"soak fds {fds_before} -> {fds_after}, rss {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
+    assert rss_after <= rss_before * 1.15 + 32 * 2**20
+
+    # The counters moved by exactly what the clients saw.
+    after = outcome_counts(gw)
+
+    def moved(key: str) -> float:
+        return after.get(key, 0) - counts_before.get(key, 0)
+
+    answered = sum(1 for r in results if r.complete)
+    timed_out = sum(1 for r in results if r.error_type == "timeout_error")
+    assert moved("stop") + moved("length") == answered
+    assert moved("rejected:overloaded") == sum(1 for r in results if r.status == 429)
+    assert moved("timeout") + moved("rejected:queue_timeout") == timed_out
+    assert moved("cancelled") == sum(1 for r in results if r.kind == "disconnect")
+    assert moved("error") == 0 and moved("invalid") == 0
+
+
+def engine_cores(gateway: GatewayProcess) -> list[psutil.Process]:
+    """The EngineCore processes, oldest first (engines start one after another)."""
+    cores = [p for p in descendants(gateway) if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    return sorted(cores, key=lambda p: p.create_time())
+
+
+def ready_engines(gw: httpx.Client) -> dict[str, bool]:
+    engines: dict[str, bool] = gw.get("/ready").json()["engines"]
+    return engines
+
+
+def test_a_dead_engine_is_restarted_while_the_other_serves(gw: httpx.Client, limited: GatewayProcess) -> None:
+    cores = engine_cores(limited)
+    assert len(cores) == 2
+    spec = f"{MODEL}:ngram"
+    with gw.stream("POST", "/v1/chat/completions", json={**LONG, "model": spec, "stream": True}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(lines)
+        cores[1].kill()  # the ngram engine's EngineCore, as an OOM killer would
+        events = [line for line in lines if line.startswith("data: ")]
+    # The request in flight ends with a clean error event, then [DONE].
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "service_unavailable"
+    assert wait_for(lambda: ready_engines(gw) == {ENGINE: True, spec: False}, 10)
+    # While it is down: its requests get a 503, the other engine serves without an error.
+    down = gw.post("/v1/chat/completions", json={**SHORT, "model": spec})
+    assert down.status_code == 503
+    answers = [gw.post("/v1/chat/completions", json=SHORT) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    # It comes back by itself, answers as before, and the restart is counted.
+    assert wait_for(lambda: gw.get("/ready").status_code == 200, 240), limited.log()[-3000:]
+    again = gw.post("/v1/chat/completions", json={**SHORT, "model": spec, "temperature": 0})
+    base = gw.post("/v1/chat/completions", json={**SHORT, "temperature": 0})
+    assert again.status_code == 200
+    assert again.json()["choices"][0]["message"]["content"] == base.json()["choices"][0]["message"]["content"]
+    assert series(gw, "specgate_engine_restarts_total", method="ngram") == 1
+    assert series(gw, "specgate_engine_restarts_total", method="none") == 0
+    assert cores[0].is_running() and not cores[1].is_running()
+
+
+def test_sigterm_drains_then_exits_cleanly(gw: httpx.Client, limited: GatewayProcess) -> None:
+    """Last in this module: it stops the module's gateway."""
+    children = descendants(limited)
+    assert children, "the in-process engine runs in a child process"
+    answers: list[httpx.Response] = []
+    medium = {**SHORT, "max_tokens": 48, "ignore_eos": True}
+    worker = threading.Thread(target=lambda: answers.append(gw.post("/v1/chat/completions", json=medium)))
+    worker.start()
+    assert wait_for(lambda: unfinished(gw) == 1, 10)
+    limited.proc.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: gw.get("/ready").json().get("draining") is True, 5)
+    assert gw.get("/ready").status_code == 503
+    late = gw.post("/v1/chat/completions", json=SHORT)
+    assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+    worker.join(60)
+    # The request admitted before SIGTERM got its whole answer.
+    assert answers and answers[0].status_code == 200
+    assert answers[0].json()["usage"]["completion_tokens"] == 48
+    assert limited.proc.wait(60) == 0
+    assert wait_for(lambda: not any(child.is_running() for child in children), 30)
