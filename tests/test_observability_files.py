@@ -316,6 +316,7 @@ def gateway_like_series() -> list[dict[str, str]]:
         out.append(gauge("specgate_engine_info", lab | info, 1))
         out.append(gauge("specgate_engine_up", lab, 1))
         out.append(gauge("specgate_requests_in_flight", lab, 0))
+        out.append(gauge("specgate_requests_queued", lab, 0))
         out.append(gauge("specgate_engine_running_requests", lab, 0))
         out.append(gauge("specgate_engine_waiting_requests", lab, 0))
         out.append(gauge("specgate_engine_kv_cache_usage_ratio", lab, 0.05))
