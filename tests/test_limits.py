@@ -1,5 +1,5 @@
 """Limits and faults against a real gateway with real in-process engines: `none`
-has one place, one queue slot and an 8 s total limit; `ngram` has the defaults
+has one place, one queue slot and a 12 s total limit; `ngram` has the defaults
 and is killed and restarted; last, SIGTERM drains the gateway."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.gateway import GatewayProcess, descendants, start_gateway, wait_for
 
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:none"
-TOTAL_S = 8
+TOTAL_S = 12  # from admission, so a first token plus the queue checks fit well inside it
 LONG = {
     "model": ENGINE,
     "messages": [{"role": "user", "content": "Write a very long essay about the history of Europe."}],
@@ -55,6 +55,9 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     gateway = start_gateway(tmp / "gateway.log", path, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)})
     try:
         gateway.wait_ready()
+        with httpx.Client(base_url=gateway.url, timeout=120) as warm:  # the first request of an engine is slow
+            for method in ("none", "ngram"):
+                assert warm.post("/v1/chat/completions", json={**SHORT, "model": f"{MODEL}:{method}"}).status_code == 200
         yield gateway
     finally:
         code = gateway.interrupt()
