@@ -57,7 +57,8 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         gateway.wait_ready()
         with httpx.Client(base_url=gateway.url, timeout=120) as warm:  # the first request of an engine is slow
             for method in ("none", "ngram"):
-                assert warm.post("/v1/chat/completions", json={**SHORT, "model": f"{MODEL}:{method}"}).status_code == 200
+                reply = warm.post("/v1/chat/completions", json={**SHORT, "model": f"{MODEL}:{method}"})
+                assert reply.status_code == 200
         yield gateway
     finally:
         code = gateway.interrupt()
