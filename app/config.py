@@ -8,7 +8,7 @@ Nothing is read at import time; `load_config` turns a file into a validated
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -23,6 +23,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BASELINE_METHOD = "none"
+# Routes of a model that a policy resolves to one of its methods (docs/auto.md).
+POLICY_ROUTES = ("auto", "ab")
 
 
 class ConfigError(ValueError):
@@ -202,6 +204,64 @@ class MethodConfig(_Strict):
         return int(value) if value is not None else None
 
 
+def _positive_values(values: dict[str, float], what: str, unit: str = "") -> dict[str, float]:
+    for method, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{what} of '{method}' must be > 0{unit}")
+    return values
+
+
+class AutoConfig(_Strict):
+    """The `auto` policy of a model: per request, the method with the highest expected
+    tokens/s (or lowest inter-token latency), learnt from the records (docs/auto.md)."""
+
+    methods: list[str] | None = Field(default=None, description="Candidates; default: every method.")
+    objective: Literal["throughput", "latency"] = Field(
+        default="throughput",
+        description="throughput: output tokens/s of the whole request; latency: decode tokens/s (1 / ITL).",
+    )
+    exploration: float = Field(default=0.05, ge=0, le=0.5, description="Share of requests sent to a non-best method.")
+    min_samples: int = Field(default=3, ge=1, description="Records a cell needs before its estimate counts.")
+    memory: int = Field(default=50, ge=1, description="Estimates average over about this many recent records.")
+    priors: dict[str, float] = Field(
+        default_factory=dict, description="Cold-start tokens/s per method, e.g. from `specgate tune`."
+    )
+    fallback: str | None = Field(default=None, description="Method while nothing is known; default: the baseline.")
+    seed: int | None = Field(default=None, description="Seed of the exploration draws (tests, benchmarks).")
+
+    @field_validator("priors")
+    @classmethod
+    def _positive(cls, priors: dict[str, float]) -> dict[str, float]:
+        return _positive_values(priors, "prior", " tokens/s")
+
+
+class ABConfig(_Strict):
+    """The `ab` policy: fixed weights across methods, sticky per `user` when given."""
+
+    weights: dict[str, float] = Field(min_length=1)
+    sticky: bool = Field(default=True, description="The same `user` always gets the same method.")
+    seed: int | None = None
+
+    @field_validator("weights")
+    @classmethod
+    def _positive(cls, weights: dict[str, float]) -> dict[str, float]:
+        return _positive_values(weights, "weight")
+
+
+class ShadowConfig(_Strict):
+    """Mirror a share of a model's requests to a candidate method; the client only
+    sees the primary's answer, the shadow's record only reaches metrics and `auto`."""
+
+    method: str
+    share: float = Field(gt=0, le=1)
+    max_in_flight: int = Field(default=2, gt=0, description="Shadow requests at once; beyond, mirrors are dropped.")
+    start: Literal["concurrent", "after_primary"] = Field(
+        default="concurrent",
+        description="after_primary: mirror once the primary has answered (engines sharing one device).",
+    )
+    seed: int | None = None
+
+
 class ModelConfig(_Strict):
     """A served model: one target checkpoint, several engines (one per method)."""
 
@@ -211,22 +271,44 @@ class ModelConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)
     methods: dict[str, MethodConfig] = Field(min_length=1)
     default_method: str
+    auto: AutoConfig | None = None
+    ab: ABConfig | None = None
+    shadow: ShadowConfig | None = None
 
     @field_validator("methods")
     @classmethod
     def _method_names(cls, methods: dict[str, MethodConfig]) -> dict[str, MethodConfig]:
         for name in methods:
             _check_name(name, "method")
+            if name in POLICY_ROUTES:
+                raise ValueError(f"method name '{name}' is reserved for the {name} policy")
         return methods
 
     @model_validator(mode="after")
-    def _default_exists(self) -> ModelConfig:
-        if self.default_method not in self.methods:
-            known = ", ".join(sorted(self.methods))
-            raise ValueError(
-                f"default_method '{self.default_method}' is not one of the methods ({known})"
-            )
+    def _references_exist(self) -> ModelConfig:
+        if self.default_method not in (*self.methods, *self.policies):
+            known = ", ".join([*sorted(self.methods), *self.policies])
+            raise ValueError(f"default_method '{self.default_method}' is not one of the methods ({known})")
+        named: list[tuple[str, list[str]]] = []
+        if self.auto is not None:
+            named += [("auto.methods", self.auto.methods or []), ("auto.priors", list(self.auto.priors)),
+                      ("auto.fallback", [self.auto.fallback] if self.auto.fallback else [])]
+        if self.ab is not None:
+            named.append(("ab.weights", list(self.ab.weights)))
+        if self.shadow is not None:
+            named.append(("shadow.method", [self.shadow.method]))
+            if self.methods.get(self.shadow.method, MethodConfig()).remote:
+                raise ValueError(f"shadow.method: '{self.shadow.method}' is remote; shadows run on in-process engines")
+        for key, methods in named:
+            for method in methods:
+                if method not in self.methods:
+                    raise ValueError(f"{key}: '{method}' is not one of the methods ({', '.join(sorted(self.methods))})")
         return self
+
+    @property
+    def policies(self) -> list[str]:
+        """The policy routes this model has (`<model>:auto`, `<model>:ab`)."""
+        return [name for name in POLICY_ROUTES if getattr(self, name) is not None]
 
     def engine_for(self, method: str) -> EngineSettings:
         return self.engine.merged(self.methods[method].engine)

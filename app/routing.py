@@ -1,19 +1,26 @@
 """Which engine serves a request.
 
-The OpenAI `model` field is `<model>` or `<model>:<method>`; the `X-Spec-Method`
-header, when present, overrides the method. A model without an explicit method
-goes to its policy, today `DefaultMethodPolicy`; a load-aware `auto` policy
-slots in by implementing `MethodPolicy`.
+The OpenAI `model` field is `<model>`, `<model>:<method>` or `<model>:<policy>`
+(`auto`, `ab`: app/policies/); the `X-Spec-Method` header, when present,
+overrides the part after the colon. A bare `<model>` goes to its
+`default_method`, which may itself be a policy. Every route comes with a
+`RouteDecision` that says why; it rides on the request's record into the
+response, the metrics, and (for a model with `auto`) back into the policy's
+estimates through `observe`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from app.config import SpecgateConfig
+from app.config import ModelConfig, SpecgateConfig
 from app.engines.base import EngineId
+from app.metrics import RequestRecord, RouteDecision
+from app.policies.ab import ABPolicy
+from app.policies.auto import AutoPolicy
+from app.policies.base import EngineLoad, LoadView, RouteRequest
 
 METHOD_HEADER = "X-Spec-Method"
 
@@ -23,67 +30,97 @@ class RouteNotFoundError(LookupError):
 
 
 @dataclass(frozen=True)
-class ModelEntry:
-    name: str
-    methods: tuple[str, ...]
-    default_method: str
-
-
-@dataclass(frozen=True)
 class Route:
     engine: EngineId
-    reason: str  # "explicit", "header" or the deciding policy's name
+    decision: RouteDecision
+
+    @property
+    def policy(self) -> str:
+        return self.decision.policy
 
 
 class MethodPolicy(Protocol):
     name: str
 
-    def choose(self, model: ModelEntry) -> str: ...
+    def choose(self, request: RouteRequest, loads: dict[str, EngineLoad]) -> tuple[str, RouteDecision]: ...
 
 
-class DefaultMethodPolicy:
-    name = "default"
+@dataclass
+class ModelRoutes:
+    name: str
+    methods: tuple[str, ...]
+    default_method: str
+    policies: dict[str, MethodPolicy]
+    learner: AutoPolicy | None = None  # the model's `auto`, fed by every record of the model
 
-    def choose(self, model: ModelEntry) -> str:
-        return model.default_method
+    @classmethod
+    def from_config(cls, name: str, model: ModelConfig) -> ModelRoutes:
+        methods = tuple(model.methods)
+        policies: dict[str, MethodPolicy] = {}
+        learner = None
+        if model.auto is not None:
+            learner = AutoPolicy(methods, model.auto)
+            policies["auto"] = learner
+        if model.ab is not None:
+            policies["ab"] = ABPolicy(model.ab)
+        return cls(name, methods, model.default_method, policies, learner)
+
+
+class _AllReady:
+    """The load view before the gateway has engines (tests of routing alone)."""
+
+    def load(self, engine: EngineId) -> EngineLoad:
+        return EngineLoad(ready=True, full=False, busy=0)
 
 
 class Router:
-    def __init__(
-        self,
-        models: Mapping[str, ModelEntry],
-        policies: Mapping[str, MethodPolicy] | None = None,
-    ) -> None:
+    def __init__(self, models: Mapping[str, ModelRoutes], loads: LoadView | None = None) -> None:
         self._models = dict(models)
-        self._policies = dict(policies or {})
-        self._fallback = DefaultMethodPolicy()
+        self.loads: LoadView = loads or _AllReady()
 
     @classmethod
-    def from_config(cls, config: SpecgateConfig) -> Router:
-        models = {
-            name: ModelEntry(name, tuple(model.methods), model.default_method)
-            for name, model in config.models.items()
-        }
-        return cls(models)
+    def from_config(cls, config: SpecgateConfig, loads: LoadView | None = None) -> Router:
+        return cls({name: ModelRoutes.from_config(name, m) for name, m in config.models.items()}, loads)
 
     def engine_ids(self) -> list[EngineId]:
         return [EngineId(m.name, method) for m in self._models.values() for method in m.methods]
 
-    def route(self, requested: str, method_header: str | None = None) -> Route:
+    def policy_routes(self, model: str) -> list[str]:
+        return list(self._models[model].policies) if model in self._models else []
+
+    def learner(self, model: str) -> AutoPolicy | None:
+        entry = self._models.get(model)
+        return entry.learner if entry else None
+
+    def route(self, requested: str, method_header: str | None = None, request: RouteRequest | None = None) -> Route:
         name, _, method = requested.partition(":")
         entry = self._models.get(name)
         if entry is None:
             raise RouteNotFoundError(f"The model '{name}' does not exist.")
+        request = request or RouteRequest()
         if method_header:
-            method, reason = method_header.strip(), "header"
+            method, policy = method_header.strip(), "header"
         elif method:
-            reason = "explicit"
+            policy = "explicit"
         else:
-            policy = self._policies.get(name, self._fallback)
-            method, reason = policy.choose(entry), policy.name
+            method, policy = entry.default_method, "default"
+        decision = RouteDecision(policy=policy, reason="requested")
+        if method in entry.policies:
+            method, decision = entry.policies[method].choose(request, self._loads(entry))
         if method not in entry.methods:
-            known = ", ".join(entry.methods)
-            raise RouteNotFoundError(
-                f"The model '{name}' has no method '{method}' (methods: {known})."
-            )
-        return Route(EngineId(name, method), reason)
+            known = ", ".join([*entry.methods, *entry.policies])
+            raise RouteNotFoundError(f"The model '{name}' has no method '{method}' (methods: {known}).")
+        engine = EngineId(name, method)
+        if entry.learner is not None and decision.bucket is None:
+            # Every request of a learning model teaches `auto`, whoever chose its method.
+            decision = replace(decision, bucket=request.features.bucket, load=self.loads.load(engine).busy)
+        return Route(engine, decision)
+
+    def observe(self, record: RequestRecord) -> None:
+        """A finished request's record, for the model's `auto` estimates."""
+        learner = self.learner(record.model)
+        if learner is not None:
+            learner.observe(record)
+
+    def _loads(self, entry: ModelRoutes) -> dict[str, EngineLoad]:
+        return {m: self.loads.load(EngineId(entry.name, m)) for m in entry.methods}

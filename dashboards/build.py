@@ -124,6 +124,7 @@ def timeseries(
     min_: float | None = None,
     max_: float | None = None,
     threshold_line: float | None = None,
+    stacking: str = "none",
 ) -> Json:
     defaults = field_defaults(unit, decimals=decimals, min_=min_, max_=max_)
     custom: Json = {
@@ -134,7 +135,7 @@ def timeseries(
         "pointSize": 4,
         "showPoints": "never",
         "spanNulls": False,
-        "stacking": {"group": "A", "mode": "none"},
+        "stacking": {"group": "A", "mode": stacking},
         "thresholdsStyle": {"mode": "off"},
     }
     if threshold_line is not None:
@@ -570,6 +571,57 @@ def methods_dashboard() -> Json:
             "percentunit",
             min_=0,
             max_=1,
+        )
+    )
+
+    board.row("Routing policies (auto, ab, shadow)")
+    board.add(
+        timeseries(
+            "Policy split: share of decisions per method",
+            "Which method the `auto` and `ab` policies sent requests to, as a share of their decisions "
+            "(docs/auto.md). Explicit `model:method` requests are not counted here.",
+            [target(rate_sum("specgate_route_decisions_total", by="model, method", extra='policy=~"auto|ab"'),
+                    "{{method}}")],
+            "reqps",
+            min_=0,
+            stacking="percent",
+        )
+    )
+    board.add(
+        timeseries(
+            "Decisions/s by policy and reason",
+            "Every routing decision: explicit, header, default, or the policy's reason "
+            "(best_estimate, exploration, prior, cold_start, weight, reweighted).",
+            [target(rate_sum("specgate_route_decisions_total", by="model, policy, reason"),
+                    "{{policy}} {{reason}}")],
+            "reqps",
+            min_=0,
+        )
+    )
+    board.add(
+        timeseries(
+            "Shadow requests/s and drops/s",
+            "Mirrored requests that finished, and mirrors dropped (shadow_limit, engine_busy, engine_down). "
+            "Shadows never count in the other panels.",
+            [
+                target(rate_sum("specgate_shadow_requests_total"), "shadow {{method}}", "A"),
+                target(rate_sum("specgate_shadow_dropped_total", by="model, method, reason"),
+                       "dropped {{method}} {{reason}}", "B"),
+            ],
+            "reqps",
+            min_=0,
+        )
+    )
+    board.add(
+        timeseries(
+            "Shadow vs primary decode tokens/s",
+            "Request-weighted mean decode rate of each method's shadow requests next to its primary ones.",
+            [
+                target(histogram_mean("specgate_request_decode_tokens_per_second"), "primary {{method}}", "A"),
+                target(histogram_mean("specgate_shadow_request_decode_tokens_per_second"), "shadow {{method}}", "B"),
+            ],
+            "suffix: tok/s",
+            min_=0,
         )
     )
 

@@ -10,22 +10,15 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway import GatewayProcess, start_gateway
+from tests.gateway import GatewayProcess, running_gateway
 
 MODEL = "smollm2"
 
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    gw = start_gateway(log)
-    try:
-        gw.wait_ready()
+    with running_gateway(tmp_path_factory.mktemp("gateway") / "gateway.log") as gw:
         yield gw
-    finally:
-        code = gw.interrupt()
-        if code != 0:
-            print(gw.log()[-3000:])
 
 
 @pytest.fixture(scope="session")

@@ -164,4 +164,9 @@ def test_tune_sweeps_n_one_engine_at_a_time_and_writes_a_config(tmp_path: Path) 
     spec = snippet["models"][MODEL]["methods"]["ngram"]["speculative_config"]
     assert spec == {"method": "ngram", "num_speculative_tokens": best, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     # The snippet drops into a config as it is.
-    parse_config({"models": {MODEL: {"target": "x", "default_method": "ngram", **snippet["models"][MODEL]}}})
+    block = snippet["models"][MODEL]
+    block["methods"] = {"none": {}, **block["methods"]}  # the baseline its auto.priors name
+    assert set(block["auto"]["priors"]) == {"none", "ngram"}
+    best_rate = float(rows[f"ngram-n{best}"]["output_tokens_per_s"])
+    assert block["auto"]["priors"]["ngram"] == pytest.approx(best_rate, rel=0.01)
+    parse_config({"models": {MODEL: {"target": "x", "default_method": "ngram", **block}}})

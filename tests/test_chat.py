@@ -175,7 +175,7 @@ def test_logprobs(client: openai.OpenAI) -> None:
 
 def test_models_listing(client: openai.OpenAI) -> None:
     ids = {m.id for m in client.models.list()}
-    assert {MODEL, f"{MODEL}:none", f"{MODEL}:ngram"} <= ids
+    assert {MODEL, f"{MODEL}:none", f"{MODEL}:ngram", f"{MODEL}:auto"} <= ids
 
 
 def test_health_ready_engines(http: httpx.Client) -> None:

@@ -17,12 +17,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.cli import read_config
-from app.config import Settings
-from tests.gateway import GatewayProcess, descendants, start_gateway, wait_for
+from tests.gateway import GatewayProcess, descendants, embedded_model, running_gateway, wait_for, write_config
 
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:none"
@@ -40,30 +37,18 @@ SHORT = {"model": ENGINE, "messages": [{"role": "user", "content": "Say hi."}], 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("limits")
-    model = read_config(Settings(config=None)).models[MODEL]
-    config = {"models": {MODEL: {
-        "target": model.target,
-        "engine": model.engine.model_dump(exclude_unset=True),
-        "default_method": "none",
-        "methods": {
-            "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
-            "ngram": {"speculative_config": model.methods["ngram"].speculative_config},
-        },
-    }}}
-    path = tmp / "limited.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))  # engines start in this order
-    gateway = start_gateway(tmp / "gateway.log", path, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)})
-    try:
-        gateway.wait_ready()
+    ngram = embedded_model()["methods"]["ngram"]
+    model = embedded_model(default_method="none", methods={
+        "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
+        "ngram": ngram,
+    })
+    config = write_config(tmp / "limited.yaml", {MODEL: model})  # engines start in this order
+    with running_gateway(tmp / "gateway.log", config, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)}) as gateway:
         with httpx.Client(base_url=gateway.url, timeout=120) as warm:  # the first request of an engine is slow
             for method in ("none", "ngram"):
                 reply = warm.post("/v1/chat/completions", json={**SHORT, "model": f"{MODEL}:{method}"})
                 assert reply.status_code == 200
         yield gateway
-    finally:
-        code = gateway.interrupt()
-        if code != 0:
-            print(gateway.log()[-3000:])
 
 
 @pytest.fixture(scope="module")

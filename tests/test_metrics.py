@@ -112,7 +112,8 @@ def test_registry_names_units_and_labels() -> None:
                                   finish_reasons=("stop",), spec=SpecCounts((1, 1, 2), 8),
                                   timing=Timing(ttft_s=0.1, decode_tokens_per_s=20.0, e2e_s=0.5)))
     metrics.observe_failure("m", "x", "cancelled")
-    allowed = {"model", "method", "outcome", "position", "model_name", "engine", "finished_reason", "le", "reason"}
+    allowed = {"model", "method", "outcome", "position", "model_name", "engine", "finished_reason", "le", "reason",
+               "policy"}
     for family in metrics.registry.collect():
         assert family.name.startswith(("specgate_", "vllm:")), family.name
         assert ":" not in family.name or family.name.startswith("vllm:")

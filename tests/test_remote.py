@@ -131,8 +131,13 @@ def test_mixed_config_is_ready_and_listed(gw: httpx.Client, upstream: ServerProc
     view = engine_view(gw, REMOTE)
     assert view["url"] == upstream.url
     assert view["up"] is True
-    # Running and waiting are the upstream's own gauges, scraped from its /metrics.
-    assert view["running_requests"] == 0 and view["waiting_requests"] == 0
+    # Running and waiting are the upstream's own gauges, scraped from its /metrics every
+    # probe_interval_s (1 s here); null until a scrape has seen them.
+    def scraped() -> bool:
+        view = engine_view(gw, REMOTE)
+        return bool(view["running_requests"] == 0 and view["waiting_requests"] == 0)
+
+    assert wait_for(scraped, 15), engine_view(gw, REMOTE)
     assert engine_view(gw, LOCAL)["url"] is None
 
 

@@ -1,52 +1,61 @@
-"""The router as a plain object: model, model:method, header, policies."""
+"""The router as a plain object: model, model:method, model:policy, header."""
 
 from __future__ import annotations
 
 import pytest
 
+from app.config import parse_config
 from app.engines.base import EngineId
-from app.routing import ModelEntry, RouteNotFoundError, Router
+from app.routing import RouteNotFoundError, Router
 
-MODELS = {
-    "qwen": ModelEntry("qwen", ("none", "eagle3", "dflash"), "eagle3"),
-    "gemma": ModelEntry("gemma", ("none",), "none"),
-}
+CONFIG = parse_config({"models": {
+    "qwen": {"target": "q", "default_method": "eagle3", "auto": {"exploration": 0},
+             "methods": {"none": {}, "eagle3": {}, "dflash": {}}},
+    "gemma": {"target": "g", "default_method": "none", "methods": {"none": {}}},
+}})
+
+
+def router() -> Router:
+    return Router.from_config(CONFIG)
 
 
 def test_model_goes_to_its_default_method() -> None:
-    route = Router(MODELS).route("qwen")
-    assert route.engine == EngineId("qwen", "eagle3") and route.reason == "default"
+    route = router().route("qwen")
+    assert route.engine == EngineId("qwen", "eagle3") and route.policy == "default"
 
 
 def test_model_colon_method_selects_the_engine() -> None:
-    route = Router(MODELS).route("qwen:dflash")
-    assert route.engine == EngineId("qwen", "dflash") and route.reason == "explicit"
+    route = router().route("qwen:dflash")
+    assert route.engine == EngineId("qwen", "dflash") and route.policy == "explicit"
 
 
 def test_header_overrides_both() -> None:
-    router = Router(MODELS)
-    assert router.route("qwen", "none").engine == EngineId("qwen", "none")
-    assert router.route("qwen:dflash", " none ").reason == "header"
+    assert router().route("qwen", "none").engine == EngineId("qwen", "none")
+    assert router().route("qwen:dflash", " none ").policy == "header"
 
 
 @pytest.mark.parametrize(("model", "header"), [("llama", None), ("qwen:medusa", None), ("qwen", "medusa"),
-                                                ("", None), (":none", None)])
-def test_unknown_model_or_method(model: str, header: str | None) -> None:
+                                                ("", None), (":none", None), ("gemma:auto", None),
+                                                ("qwen:ab", None)])
+def test_unknown_model_method_or_policy(model: str, header: str | None) -> None:
     with pytest.raises(RouteNotFoundError):
-        Router(MODELS).route(model, header)
+        router().route(model, header)
 
 
-def test_a_policy_object_replaces_the_default_rule() -> None:
-    class Cheapest:
-        name = "cheapest"
-
-        def choose(self, model: ModelEntry) -> str:
-            return model.methods[0]
-
-    route = Router(MODELS, policies={"qwen": Cheapest()}).route("qwen")
-    assert route.engine == EngineId("qwen", "none") and route.reason == "cheapest"
-    assert Router(MODELS, policies={"qwen": Cheapest()}).route("gemma").reason == "default"
+def test_a_policy_route_resolves_to_a_method_and_says_why() -> None:
+    route = router().route("qwen:auto")
+    # Nothing known yet: the cold start goes to the baseline.
+    assert route.engine == EngineId("qwen", "none")
+    assert route.decision.policy == "auto" and route.decision.reason == "cold_start"
+    assert router().route("qwen", "auto").decision.policy == "auto"
 
 
-def test_engine_ids_lists_every_pair() -> None:
-    assert len(Router(MODELS).engine_ids()) == 4
+def test_every_request_of_a_learning_model_carries_its_bucket() -> None:
+    explicit = router().route("qwen:dflash").decision
+    assert explicit.bucket == "prose/varied/sampled" and explicit.load == 0
+    assert router().route("gemma").decision.bucket is None  # gemma has no auto: nothing to learn
+
+
+def test_engine_ids_and_policy_routes() -> None:
+    assert len(router().engine_ids()) == 4
+    assert router().policy_routes("qwen") == ["auto"] and router().policy_routes("gemma") == []

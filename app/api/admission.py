@@ -19,7 +19,7 @@ from app.api.tracking import RequestTracker
 from app.config import Limits
 from app.engines.base import EngineId, EngineTimeoutError
 from app.engines.clock import RequestClock
-from app.metrics import GatewayMetrics
+from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
 
 
 class Admission:
@@ -72,6 +72,13 @@ class Admission:
         finally:
             self._queued_gauge.dec()
 
+    def try_enter(self) -> Callable[[], None] | None:
+        """A place now or never (shadow requests: they never queue)."""
+        if self.full:
+            return None
+        self.in_flight += 1
+        return self._release_once()
+
     def _release_once(self) -> Callable[[], None]:
         released = False
 
@@ -101,11 +108,17 @@ class Admitted:
     tracker: RequestTracker
 
 
-async def admit(admission: Admission, metrics: GatewayMetrics, request_id: str) -> Admitted:
+async def admit(
+    admission: Admission, metrics: GatewayMetrics, request_id: str,
+    route: RouteDecision | None = None, on_record: Callable[[RequestRecord], None] | None = None,
+) -> Admitted:
+    """Wait for a place; the tracker then carries the route decision into the record
+    and hands the finished record to `on_record` (the router's learning)."""
     clock = RequestClock(admission.engine, admission.limits)
     try:
         release = await admission.enter(clock)
     except EngineTimeoutError as exc:
         metrics.rejected.labels(admission.engine.model, admission.engine.method, "queue_timeout").inc()
         raise GatewayTimeoutError(str(exc)) from None
-    return Admitted(clock, RequestTracker(metrics, admission.engine, request_id, on_end=release))
+    tracker = RequestTracker(metrics, admission.engine, request_id, on_end=release, route=route, on_record=on_record)
+    return Admitted(clock, tracker)

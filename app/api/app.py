@@ -15,7 +15,8 @@ from app.api.admission import Admission
 from app.api.body_limit import BodySizeLimit
 from app.api.errors import install_error_handlers
 from app.api.security import install_security
-from app.api.state import GatewayState
+from app.api.shadow import Shadows
+from app.api.state import GatewayState, PoolLoads
 from app.config import Settings, SpecgateConfig
 from app.engines.collector import EngineCollector
 from app.engines.pool import EnginePool
@@ -33,8 +34,9 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
         engine.id: Admission(engine.id, config.models[engine.id.model].limits_for(engine.id.method), metrics)
         for engine in pool
     }
-    state = GatewayState(settings=settings, pool=pool, router=Router.from_config(config), metrics=metrics,
-                         admissions=admissions)
+    router = Router.from_config(config, PoolLoads(pool, admissions))
+    state = GatewayState(settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions,
+                         shadows=Shadows(config, metrics))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +47,7 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
         finally:
             if metrics_server is not None:
                 metrics_server.shutdown()
+            await state.shadows.stop()
             await state.pool.stop()
 
     app = FastAPI(title="specgate", version=_version(), lifespan=lifespan)

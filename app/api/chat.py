@@ -46,12 +46,13 @@ async def create_chat_completion(
 
 
 async def _serve(body: ChatCompletionRequest, request: Request, state: GatewayState) -> Response:
-    engine = resolve_engine(state, request, body.model)
+    routed = resolve_engine(state, request, body)
+    engine = routed.engine
     if isinstance(engine, RemoteVLLMEngine):
-        return await forward(state, engine, "/v1/chat/completions", body, new_request_id("chatcmpl"))
+        return await forward(state, engine, "/v1/chat/completions", body, routed.decision, new_request_id("chatcmpl"))
     prompt = ChatPrompt([m.to_engine() for m in body.messages], body.chat_template_kwargs or {})
     sampling = sampling_from(body, body.output_limit(), body.logprobs_k())
-    generation = await start_generation(state, engine, prompt, sampling, new_request_id("chatcmpl"))
+    generation = await start_generation(state, engine, prompt, sampling, new_request_id("chatcmpl"), routed.decision)
     request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs
     renderer = _ChunkRenderer(request_id, model, logprobs)
     return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))

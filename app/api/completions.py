@@ -35,13 +35,14 @@ async def create_completion(
 
 
 async def _serve(body: CompletionRequest, request: Request, state: GatewayState) -> Response:
-    engine = resolve_engine(state, request, body.model)
+    routed = resolve_engine(state, request, body)
+    engine = routed.engine
     raw = body.single_prompt()
     if isinstance(engine, RemoteVLLMEngine):
-        return await forward(state, engine, "/v1/completions", body, new_request_id("cmpl"))
+        return await forward(state, engine, "/v1/completions", body, routed.decision, new_request_id("cmpl"))
     prompt = TextPrompt(text=raw) if isinstance(raw, str) else TextPrompt(token_ids=raw)
     sampling = sampling_from(body, body.max_tokens, body.logprobs)
-    generation = await start_generation(state, engine, prompt, sampling, new_request_id("cmpl"))
+    generation = await start_generation(state, engine, prompt, sampling, new_request_id("cmpl"), routed.decision)
     request_id, model, logprobs = generation.request_id, str(engine.id), body.logprobs is not None
     renderer = _ChunkRenderer(request_id, model, logprobs)
     return await respond(generation, body, renderer, lambda c: _response(request_id, model, c, logprobs))

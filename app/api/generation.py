@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 from starlette.responses import Response
@@ -37,7 +37,8 @@ from app.engines.base import (
 )
 from app.engines.clock import RequestClock
 from app.engines.pool import PoolEngine
-from app.metrics import RequestRecord
+from app.metrics import RequestRecord, RouteDecision
+from app.policies.base import RouteRequest
 from app.routing import METHOD_HEADER, RouteNotFoundError
 
 
@@ -65,17 +66,26 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def resolve_engine(state: GatewayState, request: Request, model: str) -> PoolEngine:
+@dataclass(frozen=True)
+class Routed:
+    engine: PoolEngine
+    decision: RouteDecision
+
+
+def resolve_engine(state: GatewayState, request: Request, body: SamplingFields) -> Routed:
     if state.draining:
         raise ServiceUnavailableError("The server is shutting down; retry on another replica.")
+    wanted = RouteRequest(prompt_text=body.prompt_text, temperature=body.temperature, user=body.user)
     try:
-        route = state.router.route(model, request.headers.get(METHOD_HEADER))
+        route = state.router.route(body.model, request.headers.get(METHOD_HEADER), wanted)
     except RouteNotFoundError as exc:
         raise ModelNotFoundError(str(exc), param="model") from None
     engine = state.pool.get(route.engine)
     if engine is None:
-        raise ModelNotFoundError(f"The model '{model}' does not exist.", param="model")
-    return engine
+        raise ModelNotFoundError(f"The model '{body.model}' does not exist.", param="model")
+    decision = route.decision
+    state.metrics.decisions.labels(route.engine.model, decision.policy, route.engine.method, decision.reason).inc()
+    return Routed(engine, decision)
 
 
 def engine_headers(engine: Engine) -> dict[str, str]:
@@ -99,7 +109,7 @@ class Generation:
             async for out in self._outputs():
                 if out.record is not None:
                     self.finished = True
-                    self.tracker.finish(out.record)
+                    out = replace(out, record=self.tracker.finish(out.record))
                 yield out
         except EngineError as exc:
             self.tracker.fail(failure_outcome(exc))
@@ -126,10 +136,12 @@ class Generation:
 
 
 async def start_generation(
-    state: GatewayState, engine: GeneratingEngine, prompt: Prompt, sampling: Sampling, request_id: str
+    state: GatewayState, engine: GeneratingEngine, prompt: Prompt, sampling: Sampling, request_id: str,
+    decision: RouteDecision | None = None,
 ) -> Generation:
-    admitted = await admit(state.admissions[engine.id], state.metrics, request_id)
+    admitted = await admit(state.admissions[engine.id], state.metrics, request_id, decision, state.router.observe)
     tracker = admitted.tracker
+    state.shadows.mirror(state, engine.id, prompt, sampling, tracker)
     stream = engine.generate(prompt, sampling, request_id)
     try:
         async with admitted.clock.wait():

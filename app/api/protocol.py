@@ -70,6 +70,9 @@ class SamplingFields(_Request):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def prompt_text(self) -> str:
+        raise NotImplementedError
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -110,6 +113,10 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs needs logprobs to be true")
         return self
 
+    def prompt_text(self) -> str:
+        """The messages' text, for the routing policies' features."""
+        return "\n".join(str(m.to_engine()["content"]) for m in self.messages)
+
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
@@ -130,6 +137,11 @@ class CompletionRequest(SamplingFields):
         if not prompt:
             raise ValueError("prompt must not be empty")
         return self
+
+    def prompt_text(self) -> str:
+        """The prompt's text (token ids as words), for the routing policies' features."""
+        prompt = self.single_prompt()
+        return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
     def single_prompt(self) -> str | list[int]:
         prompt = self.prompt

@@ -28,6 +28,7 @@ from app.api.state import GatewayState
 from app.api.tracking import RequestTracker, failure_outcome
 from app.engines.base import EngineError
 from app.engines.remote import RemoteVLLMEngine, UpstreamCall
+from app.metrics import RouteDecision
 
 DONE = b"data: [DONE]\n\n"
 # Upstream refusals that are about the client's request: passed on as they are.
@@ -43,9 +44,10 @@ def upstream_payload(body: SamplingFields) -> dict[str, Any]:
 
 
 async def forward(
-    state: GatewayState, engine: RemoteVLLMEngine, path: str, body: SamplingFields, request_id: str
+    state: GatewayState, engine: RemoteVLLMEngine, path: str, body: SamplingFields, decision: RouteDecision,
+    request_id: str,
 ) -> Response:
-    admitted = await admit(state.admissions[engine.id], state.metrics, request_id)
+    admitted = await admit(state.admissions[engine.id], state.metrics, request_id, decision, state.router.observe)
     tracker = admitted.tracker
     try:
         call = await engine.open(path, upstream_payload(body), request_id, admitted.clock)
@@ -92,8 +94,7 @@ class _Relay:
     async def answer(self) -> Response:
         data = await self.call.json()
         reasons = [c.get("finish_reason") for c in sorted(data.get("choices", []), key=lambda c: c["index"])]
-        record = self.engine.record(self.call, data, [r for r in reasons if r])
-        self.tracker.finish(record)
+        record = self.tracker.finish(self.engine.record(self.call, data, [r for r in reasons if r]))
         data.pop("metrics", None)
         data.update(model=self.model, specgate=record.to_dict())
         return JSONResponse(data, headers=engine_headers(self.engine))
@@ -139,8 +140,7 @@ class _Relay:
             self.tracker.fail("cancelled")
 
     def _last_chunk(self, final: dict[str, Any], finish_reasons: list[str]) -> bytes:
-        record = self.engine.record(self.call, final, finish_reasons)
-        self.tracker.finish(record)
+        record = self.tracker.finish(self.engine.record(self.call, final, finish_reasons))
         final.pop("metrics", None)
         if not self.include_usage:
             final.pop("usage", None)

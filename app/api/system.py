@@ -24,6 +24,8 @@ async def list_models(state: GatewayState = Depends(gateway_state)) -> dict[str,
     data: list[dict[str, Any]] = []
     for name, model in state.pool.config.models.items():
         data.append(_model_card(name, name, {"default_method": model.default_method}))
+        for policy in model.policies:
+            data.append(_model_card(f"{name}:{policy}", name, {"policy": policy}))
         for engine in state.pool:
             if engine.id.model == name:
                 data.append(_model_card(str(engine.id), name, _engine_extra(engine)))
@@ -80,3 +82,27 @@ async def engines(state: GatewayState = Depends(gateway_state)) -> dict[str, Any
             for e in state.pool
         ]
     }
+
+
+@router.get("/policy", dependencies=[Depends(require_api_key)])
+async def policy(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
+    """What each model's routing policies know: `auto`'s estimates per cell, its
+    settings, and the shadow requests in flight (docs/auto.md)."""
+    models: dict[str, Any] = {}
+    for name, model in state.pool.config.models.items():
+        learner = state.router.learner(name)
+        models[name] = {
+            "default_method": model.default_method,
+            "policies": model.policies,
+            "auto": None if learner is None else {
+                "candidates": learner.methods,
+                "fallback": learner.fallback,
+                **learner.config.model_dump(exclude={"methods", "fallback"}),
+                "estimates": learner.estimates.table(),
+            },
+            "ab": model.ab.model_dump() if model.ab else None,
+            "shadow": None if model.shadow is None else {
+                **model.shadow.model_dump(), "in_flight": state.shadows.in_flight(name),
+            },
+        }
+    return {"models": models}

@@ -5,12 +5,14 @@ completion text)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from app.engines.base import EngineId, EngineInputError, EngineTimeoutError
-from app.metrics import GatewayMetrics, RequestRecord
+from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
 
 logger = logging.getLogger("specgate.access")
 
@@ -19,18 +21,29 @@ class RequestTracker:
     def __init__(
         self, metrics: GatewayMetrics, engine: EngineId, request_id: str,
         on_end: Callable[[], None] | None = None,
+        route: RouteDecision | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self._metrics = metrics
         self._engine = engine
         self._request_id = request_id
         self._on_end = on_end
+        self.route = route
+        self._on_record = on_record
         self._ended = False
+        self.done = asyncio.Event()  # set when the request has ended, however it ended
         metrics.in_flight.labels(engine.model, engine.method).inc()
 
-    def finish(self, record: RequestRecord) -> None:
+    def finish(self, record: RequestRecord) -> RequestRecord:
+        """End with the engine's record; returns it with the route decision, as the
+        client, the metrics and the routing policy all get it."""
+        record = replace(record, route=self.route)
         if self._end():
             self._metrics.observe(record)
+            if self._on_record is not None:
+                self._on_record(record)
             _log(self._request_id, self._engine, record.outcome, record)
+        return record
 
     @property
     def ended(self) -> bool:
@@ -47,6 +60,7 @@ class RequestTracker:
         if self._ended:
             return False
         self._ended = True
+        self.done.set()
         self._metrics.in_flight.labels(self._engine.model, self._engine.method).dec()
         if self._on_end is not None:
             self._on_end()
@@ -75,4 +89,6 @@ def _log(request_id: str, engine: EngineId, outcome: str, record: RequestRecord 
             decode_tokens_per_s=record.timing.decode_tokens_per_s,
             e2e_s=record.timing.e2e_s,
         )
+        if record.route is not None:
+            line.update(policy=record.route.policy, route_reason=record.route.reason)
     logger.info(json.dumps(line))

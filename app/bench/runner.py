@@ -76,7 +76,8 @@ def resolve_targets(
 
 def _target(model_id: str, card: dict[str, Any]) -> Target:
     n = card.get("num_speculative_tokens")
-    return Target(model_id, str(card.get("method", model_id)), int(n) if n is not None else None)
+    method = card.get("method") or card.get("policy") or model_id  # policy cards: `model:auto`, `model:ab`
+    return Target(model_id, str(method), int(n) if n is not None else None)
 
 
 def default_baseline(targets: Sequence[Target]) -> str | None:

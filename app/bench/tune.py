@@ -159,5 +159,18 @@ def snippet(plan: TunePlan, best: CellSummary, baseline: CellSummary | None) -> 
     if baseline is not None and best.speedup is not None and best.speedup < 1:
         lines.append("# every N was slower than the baseline: on this workload and load, serve without speculation")
     method = {"speculative_config": chosen.method.speculative_config}
-    block = {"models": {plan.model: {"methods": {plan.method_name: method}}}}
+    block: dict[str, Any] = {"models": {plan.model: {"methods": {plan.method_name: method}}}}
+    priors = _priors(plan, best, baseline)
+    if priors:
+        lines.append("# auto.priors: per-request tok/s measured here, the `auto` policy's cold start")
+        block["models"][plan.model]["auto"] = {"priors": priors}
     return "\n".join(lines) + "\n" + yaml.safe_dump(block, sort_keys=False)
+
+
+def _priors(plan: TunePlan, best: CellSummary, baseline: CellSummary | None) -> dict[str, float]:
+    """Per-request tokens/s (the cell's rate shared by its concurrent requests)."""
+    priors = {}
+    for method, cell in ((plan.method_name, best), (BASELINE_METHOD, baseline)):
+        if cell is not None and cell.output_tokens_per_s:
+            priors[method] = round(cell.output_tokens_per_s / plan.concurrency, 2)
+    return priors

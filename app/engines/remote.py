@@ -18,9 +18,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,6 +38,7 @@ from app.engines.clock import RequestClock
 from app.metrics import RequestRecord, SpecCounts, Timing
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROBE_TIMEOUT_S = 2.0
 EVENT_END = b"\n\n"
@@ -190,8 +191,7 @@ class RemoteVLLMEngine:
             raise EngineUnavailableError(f"engine {self.id}: the upstream {self.url} has not been reached yet")
         call = UpstreamCall(self, request_id, clock)
         request = self.client.build_request("POST", path, json={**payload, "model": name})
-        async with call.limit():
-            call.response = await self.client.send(request, stream=True)
+        call.response = await call.bounded(self.client.send(request, stream=True))
         self._calls[request_id] = call
         return call
 
@@ -268,10 +268,22 @@ class UpstreamCall:
         assert self.response is not None
         return self.response.headers
 
+    async def bounded(self, work: Awaitable[T]) -> T:
+        """`work` within the request's time limits. It runs as its own task, so the
+        timeout answers at once even when httpx shields its connection clean-up from
+        cancellation; the abandoned task finishes in the background."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(_consume)
+        try:
+            async with self.limit():
+                return await asyncio.shield(task)
+        except BaseException:
+            task.cancel()
+            raise
+
     async def read(self) -> bytes:
         assert self.response is not None
-        async with self.limit():
-            return await self.response.aread()
+        return await self.bounded(self.response.aread())
 
     async def json(self) -> dict[str, Any]:
         try:
@@ -290,8 +302,7 @@ class UpstreamCall:
         buffer = b""
         while True:
             try:
-                async with self.limit():
-                    chunk = await anext(stream)
+                chunk = await self.bounded(anext(stream))
             except StopAsyncIteration:
                 return
             buffer += chunk
@@ -333,6 +344,12 @@ class UpstreamCall:
             decode_tokens_per_s=decode,
             e2e_s=time.monotonic() - self.sent,
         )
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so that asyncio does not log it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _spec_counts(raw: Any) -> SpecCounts | None:
