@@ -227,6 +227,15 @@ class AutoConfig(_Strict):
         default_factory=dict, description="Cold-start tokens/s per method, e.g. from `specgate tune`."
     )
     fallback: str | None = Field(default=None, description="Method while nothing is known; default: the baseline.")
+    shared_device: bool = Field(
+        default=True,
+        description="The engines share one device (CPU, or the same GPUs): each is judged at the model's total "
+        "load, a busy device keeps its running method unless another is `switch_margin` better, and measured "
+        "methods are explored only while the device is idle. false when each engine has GPUs of its own.",
+    )
+    switch_margin: float = Field(
+        default=0.05, ge=0, le=1, description="On a busy shared device, how much better another method must be."
+    )
     seed: int | None = Field(default=None, description="Seed of the exploration draws (tests, benchmarks).")
 
     @field_validator("priors")

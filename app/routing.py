@@ -113,7 +113,8 @@ class Router:
         engine = EngineId(name, method)
         if entry.learner is not None and decision.bucket is None:
             # Every request of a learning model teaches `auto`, whoever chose its method.
-            decision = replace(decision, bucket=request.features.bucket, load=self.loads.load(engine).busy)
+            load = entry.learner.load_of(method, self._loads(entry))
+            decision = replace(decision, bucket=request.features.bucket, load=load)
         return Route(engine, decision)
 
     def observe(self, record: RequestRecord) -> None:

@@ -591,7 +591,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Decisions/s by policy and reason",
             "Every routing decision: explicit, header, default, or the policy's reason "
-            "(best_estimate, exploration, prior, cold_start, weight, reweighted).",
+            "(best_estimate, running, exploration, prior, cold_start, weight, reweighted).",
             [target(rate_sum("specgate_route_decisions_total", by="model, policy, reason"),
                     "{{policy}} {{reason}}")],
             "reqps",

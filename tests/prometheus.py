@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -12,9 +13,11 @@ from typing import Any
 import httpx
 import yaml
 
+from dashboards.queries import all_panel_queries
 from tests.gateway import free_port
 
-RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yml"
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 
 
 @dataclass
@@ -76,3 +79,24 @@ def start_prometheus(workdir: Path, gateway_port: int) -> PrometheusProcess:
         time.sleep(0.5)
     prom.stop()
     raise TimeoutError("Prometheus did not become ready")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(dashboard file, PromQL) of every panel of every shipped dashboard."""
+    return [
+        (path.name, expr)
+        for path in sorted((ROOT / "dashboards").glob("*.json"))
+        for expr in all_panel_queries(json.loads(path.read_text()))
+    ]
+
+
+def needs_policies(expr: str) -> bool:
+    """Panels of the routing-policy row: only a model with `auto`/`ab` and a shadow
+    feeds them, so tests/test_auto.py evaluates them, tests/test_metrics.py the rest."""
+    return "specgate_shadow_" in expr or 'policy=~"auto|ab"' in expr
+
+
+def substitute(expr: str, model: str, methods: str = "none|ngram") -> str:
+    """A dashboard query as Grafana would send it, its variables filled in."""
+    return (expr.replace("$__rate_interval", "2m").replace("${model}", model).replace("$model", model)
+            .replace("${method}", methods).replace("$method", methods))

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.workloads import chat, edit
 from tests.gateway import GatewayProcess, embedded_model, running_gateway, wait_for, write_config
+from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
 
 MODEL = "smollm2"
 METHODS = ("none", "ngram")
@@ -175,3 +177,28 @@ def test_shadows_beyond_their_limit_are_dropped_not_queued(http: httpx.Client) -
     assert series(http, "specgate_shadow_dropped_total", reason="shadow_limit") > dropped
     settle(http)
     assert all(e["unfinished_requests"] == 0 for e in http.get("/engines").json()["engines"])
+
+
+def test_prometheus_evaluates_the_policy_panels(http: httpx.Client, gateway: GatewayProcess, tmp_path: Path) -> None:
+    prom = start_prometheus(tmp_path, gateway.port)
+    try:
+        prom.wait_for_target()
+        mirrored = series(http, "specgate_shadow_requests_total", method="ngram")
+        for i in range(4):
+            ask(http, f"{MODEL}:auto", [{"role": "user", "content": f"Name {i} rivers."}])
+            ask(http, f"{MODEL}:ab", [{"role": "user", "content": "Say yes."}], max_tokens=2)
+        for _ in range(16):  # a 0.5 share: P(no shadow in 16) = 2e-5
+            if series(http, "specgate_shadow_requests_total", method="ngram") > mirrored:
+                break
+            ask(http, f"{MODEL}:none", [{"role": "user", "content": "Count to five."}])
+        settle(http)
+        time.sleep(4)  # a few scrapes after the last request
+        queries = [(name, expr) for name, expr in dashboard_queries() if needs_policies(expr)]
+        assert len(queries) >= 4
+        results = {expr: prom.query(substitute(expr, MODEL)) for _, expr in queries}
+        assert all(results.values()), [expr for expr, result in results.items() if not result]
+        for expr, result in results.items():
+            if "specgate_shadow_dropped_total" not in expr:  # the others saw traffic in the window
+                assert max(float(r["value"][1]) for r in result) > 0, expr
+    finally:
+        prom.stop()

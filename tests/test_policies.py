@@ -158,6 +158,62 @@ def test_latency_objective_learns_decode_rate() -> None:
     assert policy.estimates.table()[-1]["value"] == 5.0
 
 
+def observe_rate(policy: AutoPolicy, method: str, bucket: str, load: int, rate: float, times: int = 3) -> None:
+    """`times` records of `method` at `rate` output tokens/s, routed at `load`."""
+    for _ in range(times):
+        policy.observe(RequestRecord(
+            model="m", method=method, engine=f"m:{method}", speculative_method=method, num_speculative_tokens=None,
+            prompt_tokens=10, completion_tokens=100, finish_reasons=("length",), spec=None,
+            timing=Timing(e2e_s=100 / rate, decode_tokens_per_s=rate),
+            route=RouteDecision("auto", "x", bucket, load=load),
+        ))
+
+
+def test_a_shared_device_is_judged_at_its_total_load() -> None:
+    request = request_for(LOG[0])
+    busy_ngram = loads(ngram=EngineLoad(ready=True, full=False, busy=8))
+    choices = {}
+    for shared in (True, False):
+        policy = AutoPolicy(METHODS, AutoConfig(exploration=0, shared_device=shared))
+        bucket = request.features.bucket
+        observe_rate(policy, "none", bucket, 0, 20.0)  # alone on the device
+        observe_rate(policy, "none", bucket, 8, 8.0)  # among 8 others
+        observe_rate(policy, "ngram", bucket, 8, 10.0)
+        method, decision = policy.choose(request, busy_ngram)
+        choices[shared] = (method, decision.load)
+    # Shared: an idle `none` engine would run beside ngram's 8 requests, so it is judged at load 8.
+    assert choices == {True: ("ngram", 8), False: ("none", 0)}
+
+
+@pytest.mark.parametrize(("none_rate", "expected"), [(10.3, ("ngram", "running")), (11.0, ("none", "best_estimate"))])
+def test_a_busy_shared_device_keeps_its_method_unless_another_is_clearly_better(
+    none_rate: float, expected: tuple[str, str]
+) -> None:
+    policy = AutoPolicy(METHODS, AutoConfig(exploration=0, switch_margin=0.05))
+    request = request_for(LOG[0])
+    observe_rate(policy, "none", request.features.bucket, 8, none_rate)
+    observe_rate(policy, "ngram", request.features.bucket, 8, 10.0)
+    method, decision = policy.choose(request, loads(ngram=EngineLoad(ready=True, full=False, busy=8)))
+    assert (method, decision.reason) == expected
+
+
+def test_a_busy_shared_device_explores_only_what_its_cell_has_not_measured() -> None:
+    policy = AutoPolicy(METHODS, AutoConfig(exploration=0.5, seed=7))
+    request = request_for(LOG[0])
+    bucket = request.features.bucket
+    observe_rate(policy, "none", bucket, 8, 10.0)
+    observe_rate(policy, "ngram", bucket, 0, 10.0)  # measured only on an idle device
+
+    def explored(busy: int) -> int:
+        reasons = [policy.choose(request, loads(none=EngineLoad(True, False, busy)))[1].reason for _ in range(200)]
+        return reasons.count("exploration")
+
+    assert explored(8) > 50  # ngram has no record at this load yet
+    observe_rate(policy, "ngram", bucket, 8, 9.0)
+    assert explored(8) == 0  # now it has: exploring would slow the 8 requests of `none`
+    assert explored(0) > 50  # an idle device explores at the configured share
+
+
 def test_ab_weights_hold_and_users_stick() -> None:
     policy = ABPolicy(ABConfig(weights={"none": 3, "ngram": 1}, seed=6))
     anonymous = Counter(policy.choose(RouteRequest(), loads())[0] for _ in range(4000))

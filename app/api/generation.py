@@ -141,7 +141,6 @@ async def start_generation(
 ) -> Generation:
     admitted = await admit(state.admissions[engine.id], state.metrics, request_id, decision, state.router.observe)
     tracker = admitted.tracker
-    state.shadows.mirror(state, engine.id, prompt, sampling, tracker)
     stream = engine.generate(prompt, sampling, request_id)
     try:
         async with admitted.clock.wait():
@@ -157,6 +156,8 @@ async def start_generation(
         tracker.fail("cancelled")
         await _abandon(stream, engine, request_id)
         raise
+    # Mirrored only once the engine has accepted the request: a refused one has nothing to compare.
+    state.shadows.mirror(state, engine.id, prompt, sampling, tracker)
     return Generation(engine, request_id, first, stream, tracker, admitted.clock)
 
 

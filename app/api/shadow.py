@@ -1,9 +1,10 @@
 """Shadow traffic: a configured share of a model's requests is mirrored to a
 candidate method (`shadow:` in the model's config, docs/auto.md).
 
-The client only ever sees the primary's answer: the mirror starts after the
-primary has its place (or, with `start: after_primary`, after the primary has
-ended, for engines that share one device), runs as its own task, and its record
+The client only ever sees the primary's answer: the mirror starts once the
+primary's engine has accepted it and given its first output (or, with
+`start: after_primary`, once the primary has ended, for engines that share one
+device), runs as its own task, and its record
 goes only to the `specgate_shadow_*` series and to the model's `auto` estimates.
 Shadows never queue: one is dropped (and counted) when the model already has
 `max_in_flight` of them, or when the candidate engine is down or has no free place.

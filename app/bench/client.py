@@ -122,6 +122,7 @@ def _error_body(response: httpx.Response) -> str:
 def _result(target: Target, prompt: Prompt, load: Load, t0: float, stream: _Stream, end: float) -> RequestResult:
     final = stream.final or {}
     usage = final.get("usage") or {}
+    record: dict[str, Any] = final.get("specgate") or {}
     error = stream.error
     if error is None and stream.final is None:
         error = "stream ended without a usage chunk"
@@ -140,6 +141,8 @@ def _result(target: Target, prompt: Prompt, load: Load, t0: float, stream: _Stre
         output_tokens=usage.get("completion_tokens"),
         spec=SpecSample.from_response(final),
         error=error,
+        served_by=record.get("method"),
+        route_reason=(record.get("route") or {}).get("reason"),
     )
 
 

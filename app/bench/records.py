@@ -73,6 +73,8 @@ class RequestResult:
     output_tokens: int | None = None  # usage.completion_tokens; never counted from chunks
     spec: SpecSample | None = None
     error: str | None = None
+    served_by: str | None = None  # the method that answered, from specgate's record (`auto`/`ab` targets choose)
+    route_reason: str | None = None  # why the gateway routed it there (docs/api.md, `route.reason`)
 
     @property
     def ok(self) -> bool:

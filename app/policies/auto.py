@@ -10,6 +10,12 @@ reaches it. A fixed share of requests (`exploration`) goes to the least-sampled
 other candidate, so a method that turned slow or fast is noticed; nothing else
 explores. Records come from every request of the model (explicit, A/B, shadow),
 not only from its own choices.
+
+Engines that share one device (`shared_device`, the default; always so on CPU)
+are not independent servers: a request sent to an idle engine slows every request
+of the busy one. So there the load is the model's total, a busy device keeps the
+method it is running unless another is `switch_margin` better, and a method
+already measured in the request's cell is explored only while the device is idle.
 """
 
 from __future__ import annotations
@@ -89,26 +95,53 @@ class AutoPolicy:
         bucket = request.features.bucket
         candidates = eligible(self.methods, loads)
         values = self._values(candidates, bucket, loads)
-        known = {m: v for m, v in values.items() if v is not None}
-        if not known:
-            method = self.fallback if self.fallback in candidates else candidates[0]
-            reason = "cold_start"
-        else:
-            method = max(known, key=lambda m: known[m])
-            reason = "best_estimate" if self._measured(method, bucket) else "prior"
-        others = [m for m in candidates if m != method]
-        if others and self._random.random() < self.config.exploration:
-            method, reason = self._least_sampled(others, bucket, loads), "exploration"
+        method, reason = self._best(candidates, bucket, values, loads)
+        explorable = self._explorable([m for m in candidates if m != method], bucket, loads)
+        if explorable and self._random.random() < self.config.exploration:
+            method, reason = self._least_sampled(explorable, bucket, loads), "exploration"
         decision = RouteDecision(
             policy=self.name,
             reason=reason,
             bucket=bucket,
-            load=loads[method].busy,
+            load=self.load_of(method, loads),
             objective=self.config.objective,
             estimate=_round(values.get(method)),
             estimates=tuple((m, _round(v)) for m, v in values.items()),
         )
         return method, decision
+
+    def load_of(self, method: str, loads: dict[str, EngineLoad]) -> int:
+        """The load a request on `method` meets: its engine's, or the shared device's."""
+        if self.config.shared_device:
+            return sum(load.busy for load in loads.values())
+        return loads[method].busy
+
+    def _best(
+        self, candidates: list[str], bucket: str, values: dict[str, float | None], loads: dict[str, EngineLoad]
+    ) -> tuple[str, str]:
+        known = {m: v for m, v in values.items() if v is not None}
+        if not known:
+            return (self.fallback if self.fallback in candidates else candidates[0]), "cold_start"
+        best = max(known, key=lambda m: known[m])
+        running = self._running(candidates, loads)
+        margin = 1 + self.config.switch_margin
+        if running is not None and running != best and running in known and known[running] * margin >= known[best]:
+            return running, "running"
+        return best, "best_estimate" if self._measured(best, bucket) else "prior"
+
+    def _running(self, candidates: list[str], loads: dict[str, EngineLoad]) -> str | None:
+        """On a shared device, the one candidate that holds the most requests now."""
+        if not self.config.shared_device:
+            return None
+        busiest = max(loads[m].busy for m in candidates)
+        holders = [m for m in candidates if loads[m].busy == busiest]
+        return holders[0] if busiest > 0 and len(holders) == 1 else None
+
+    def _explorable(self, others: list[str], bucket: str, loads: dict[str, EngineLoad]) -> list[str]:
+        if not self.config.shared_device or not any(load.busy for load in loads.values()):
+            return others
+        cell = (bucket, load_band(self.load_of(others[0], loads))) if others else ()
+        return [m for m in others if self.estimates.get(m, cell).count < self.config.min_samples]
 
     def observe(self, record: RequestRecord) -> None:
         route = record.route
@@ -125,7 +158,7 @@ class AutoPolicy:
         measured = [m for m in candidates if self.estimates.get(m, ()).count >= enough]
 
         def cell(method: str, level: int) -> Cell:
-            return self.estimates.levels(bucket, load_band(loads[method].busy))[level]
+            return self.estimates.levels(bucket, load_band(self.load_of(method, loads)))[level]
 
         level = next(lv for lv in range(3) if all(self.estimates.get(m, cell(m, lv)).count >= enough for m in measured))
         values: dict[str, float | None] = {m: self.config.priors.get(m) for m in candidates}
@@ -138,7 +171,7 @@ class AutoPolicy:
 
     def _least_sampled(self, methods: list[str], bucket: str, loads: dict[str, EngineLoad]) -> str:
         def count(m: str) -> int:
-            return self.estimates.get(m, (bucket, load_band(loads[m].busy))).count
+            return self.estimates.get(m, (bucket, load_band(self.load_of(m, loads)))).count
 
         fewest = min(count(m) for m in methods)
         return self._random.choice([m for m in methods if count(m) == fewest])
