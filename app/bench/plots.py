@@ -37,7 +37,7 @@ def method_label(cell: CellSummary) -> str:
     return cell.method if n is None else f"{cell.method} (N={n})"
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
@@ -78,7 +78,7 @@ def throughput(cells: Sequence[CellSummary]) -> Figure | None:
         return None
     columns = min(len(panels), _PANELS_PER_ROW)
     rows = math.ceil(len(panels) / columns)
-    figure = _figure(5.0 * columns, 3.8 * rows)
+    figure = new_figure(5.0 * columns, 3.8 * rows)
     axes = figure.subplots(rows, columns, squeeze=False).flat
     kinds = {kind for _, kind in panels}
     for ax, ((workload, kind), group) in zip(axes, panels.items(), strict=False):
@@ -98,7 +98,7 @@ def speedup_vs_n(cells: Sequence[CellSummary]) -> Figure | None:
             series.setdefault(label, []).append((n, cell.speedup))
     if not series:
         return None
-    figure = _figure(8.0, 4.5)
+    figure = new_figure(8.0, 4.5)
     ax = figure.add_subplot()
     if len(series) > 10:
         # The default cycle has 10 colours: beyond them, lines would share one.
@@ -131,7 +131,7 @@ def acceptance_heatmap(cells: Sequence[CellSummary]) -> Figure | None:
     for i, cell in enumerate(rows):
         values[i, : len(cell.per_position)] = [100 * p for p in cell.per_position]
     labels = [_heatmap_label(cell) for cell in rows]
-    figure = _figure(2.5 + 0.065 * max(map(len, labels)) + 0.6 * k, 1.3 + 0.35 * len(rows))
+    figure = new_figure(2.5 + 0.065 * max(map(len, labels)) + 0.6 * k, 1.3 + 0.35 * len(rows))
     ax = figure.add_subplot()
     # imshow masks NaN itself; the colour map's "bad" colour paints the blanks.
     image = ax.imshow(
