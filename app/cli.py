@@ -1,4 +1,5 @@
-"""`specgate serve | bench | tune | check-config | vllm-command | prepare-model`: argv -> settings -> action."""
+"""`specgate serve | bench | tune | check-config | vllm-command | prepare-model | make-drafter`:
+argv -> settings -> action."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_args(sub.add_parser("bench", help="load-test a gateway or any OpenAI-compatible server"))
     prep = sub.add_parser("prepare-model", help="convert the embedded model once and print its folder")
     prep.add_argument("--cache-dir", type=Path)
+    make = sub.add_parser("make-drafter", help="write a small random drafter of a target and print its folder")
+    make.add_argument("kind", help="eagle3, eagle3-probe, dflash or dflash-probe (docs/methods.md)")
+    make.add_argument("--target", default="embedded:smollm2", help="a local HF model folder, or embedded:smollm2")
+    make.add_argument("--cache-dir", type=Path)
+    make.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -124,6 +130,18 @@ def _tune(args: argparse.Namespace, config: SpecgateConfig) -> int:
     return tune_command(tune_plan(args, config), _console())
 
 
+def _make_drafter(args: argparse.Namespace, settings: Settings) -> int:
+    from app.drafters import generated_drafter
+    from app.embedded import EMBEDDED_PREFIX, ensure_embedded_model
+
+    embedded = args.target.startswith(EMBEDDED_PREFIX)
+    target = ensure_embedded_model(settings.cache_dir) if embedded else Path(args.target)
+    if not (target / "config.json").exists():
+        raise ValueError(f"--target: no config.json in {target}")
+    print(generated_drafter(target, args.kind, settings.cache_dir, seed=args.seed))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Nothing is fetched from a model hub unless the operator says so.
@@ -138,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(ensure_embedded_model(settings.cache_dir))
             return 0
+        if args.command == "make-drafter":
+            return _make_drafter(args, settings)
         config = read_config(settings)
         if args.command == "check-config":
             return _check(config)

@@ -95,11 +95,25 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
             spec = method.speculative_config
             if spec is not None and isinstance(spec.get("model"), str):
                 where = f"models.{name}.methods.{method_name}.speculative_config.model"
-                spec = {**spec, "model": _resolve(spec["model"], where, cache_dir)}
+                spec = {**spec, "model": _resolve_draft(spec["model"], where, target, cache_dir)}
                 method = method.model_copy(update={"speculative_config": spec})
             methods[method_name] = method
         models[name] = model.model_copy(update={"target": target, "methods": methods})
     return config.model_copy(update={"models": models})
+
+
+def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
+    """`generated:<kind>`: a small random drafter of the target (app/drafters.py)."""
+    from app.drafters import GENERATED_PREFIX, KINDS, generated_drafter
+
+    if not value.startswith(GENERATED_PREFIX):
+        return _resolve(value, where, cache_dir)
+    kind = value.removeprefix(GENERATED_PREFIX)
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(KINDS)})")
+    if not (Path(target) / "config.json").exists():
+        raise ConfigError(f"{where}: a generated drafter needs a local target folder, not '{target}'")
+    return str(generated_drafter(Path(target), kind, cache_dir))
 
 
 def _resolve(value: str, where: str, cache_dir: Path) -> str:

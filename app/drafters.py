@@ -1,0 +1,217 @@
+"""Small random-weight drafters, in the exact checkpoint formats vLLM loads, for a
+target model folder: they exercise each speculative method's vLLM code path on a
+machine without the published drafters (docs/methods.md). Speculation is lossless
+whatever the drafter, so greedy output must still equal the target's own.
+
+Kinds: `eagle3` and `dflash` (random weights), and their constant-token probes
+`eagle3-probe` and `dflash-probe`: a draft vocabulary of one token, so every draft
+is that token and the accepted drafts of a greedy request are known exactly from
+the baseline's output (each output token after the first that equals it).
+
+In a config, `speculative_config.model: "generated:<kind>"` names one; it is
+written once per target into the cache folder (`specgate make-drafter` does the
+same by hand). Formats: ../shared/reference/drafter-formats.md, sections 1 and 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENERATED_PREFIX = "generated:"
+KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe")
+PROBE_TEXT = " of"  # a frequent English token: a probe's drafts are accepted now and then
+SIDECAR = "specgate-drafter.json"
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    bos: int | None
+    eos: int | None
+
+    @staticmethod
+    def of(target: Path) -> TargetShape:
+        cfg = json.loads((target / "config.json").read_text())
+        heads = int(cfg["num_attention_heads"])
+        rope = cfg.get("rope_parameters") or {}
+        return TargetShape(
+            hidden=int(cfg["hidden_size"]),
+            intermediate=int(cfg["intermediate_size"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            layers=int(cfg["num_hidden_layers"]),
+            vocab=int(cfg["vocab_size"]),
+            eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            bos=cfg.get("bos_token_id"),
+            eos=cfg.get("eos_token_id"),
+        )
+
+    def layer_config(self) -> dict[str, Any]:
+        return {
+            "hidden_size": self.hidden, "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
+            "hidden_act": "silu", "rms_norm_eps": self.eps, "max_position_embeddings": 8192,
+            "rope_theta": self.rope_theta, "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
+            "tie_word_embeddings": False, "vocab_size": self.vocab, "bos_token_id": self.bos,
+            "eos_token_id": self.eos, "torch_dtype": "bfloat16",
+        }
+
+
+def probe_token(target: Path) -> int:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(PROBE_TEXT, add_special_tokens=False).ids
+    return int(ids[0])
+
+
+def generated_drafter(target: Path, kind: str, cache_dir: Path, seed: int = 0) -> Path:
+    """The drafter `kind` for `target`, written once under `cache_dir`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown drafter kind '{kind}' (kinds: {', '.join(KINDS)})")
+    out = cache_dir / "drafters" / target.name / kind
+    if (out / SIDECAR).exists() and json.loads((out / SIDECAR).read_text()).get("seed") == seed:
+        return out
+    tmp = out.parent / f".{kind}.{os.getpid()}.tmp"  # renamed when complete: a half-written one is never found
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write_drafter(target, kind, tmp, seed)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def write_drafter(target: Path, kind: str, out: Path, seed: int = 0) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    shape = TargetShape.of(target)
+    probe = probe_token(target) if kind.endswith("-probe") else None
+    generator = torch.Generator().manual_seed(seed)
+    build = _eagle3 if kind.startswith("eagle3") else _dflash
+    config, tensors = build(shape, probe, generator)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    sidecar = {"kind": kind, "target": str(target), "seed": seed, "probe_token": probe}
+    (out / SIDECAR).write_text(json.dumps(sidecar, indent=1))
+
+
+def _eagle3_aux_layers(shape: TargetShape) -> list[int]:
+    return [2, shape.layers // 2, shape.layers - 3]  # vLLM's default for a Llama target
+
+
+def _eagle3(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    h, aux = shape.hidden, _eagle3_aux_layers(shape)
+    draft_vocab = 1 if probe is not None else shape.vocab
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **shape.layer_config(),
+        "num_hidden_layers": 1, "draft_vocab_size": draft_vocab, "target_hidden_size": h,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+    }
+    tensors = {
+        **_prefixed("midlayer.", _decoder_layer(shape, gen, attn_in=2 * h)),
+        "midlayer.hidden_norm.weight": _ones(h),
+        "fc.weight": _randn((h, len(aux) * h), gen),
+        "norm.weight": _ones(h),
+        **_draft_head(shape, probe, gen),
+    }
+    return config, tensors
+
+
+def _dflash(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    h, layers = shape.hidden, 2
+    target_layers = [1, shape.layers // 4, shape.layers // 2, 3 * shape.layers // 4, shape.layers - 2]
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape.layer_config(),
+        "num_hidden_layers": layers, "use_sliding_window": False, "sliding_window": None,
+        "layer_types": ["full_attention"] * layers, "block_size": 4, "num_target_layers": shape.layers,
+        "dflash_config": {"mask_token_id": _mask_token(shape), "target_layer_ids": target_layers},
+    }
+    if probe is not None:
+        config["draft_vocab_size"] = 1
+    tensors = {
+        "fc.weight": _randn((h, len(target_layers) * h), gen),
+        "hidden_norm.weight": _ones(h),
+        "norm.weight": _ones(h),
+        **{k: v for i in range(layers) for k, v in _prefixed(f"layers.{i}.", _qwen3_layer(shape, gen)).items()},
+        **(_draft_head(shape, probe, gen) if probe is not None else {}),
+    }
+    return config, tensors
+
+
+def _mask_token(shape: TargetShape) -> int:
+    """Any valid id that is not BOS/EOS: the embedding fed to DFlash's mask query slots."""
+    return next(i for i in range(3, shape.vocab) if i not in (shape.bos, shape.eos))
+
+
+def _decoder_layer(shape: TargetShape, gen: Any, attn_in: int) -> dict[str, Any]:
+    h, kv = shape.hidden, shape.kv_heads * shape.head_dim
+    return {
+        "input_layernorm.weight": _ones(h),
+        "post_attention_layernorm.weight": _ones(h),
+        "self_attn.q_proj.weight": _randn((shape.heads * shape.head_dim, attn_in), gen),
+        "self_attn.k_proj.weight": _randn((kv, attn_in), gen),
+        "self_attn.v_proj.weight": _randn((kv, attn_in), gen),
+        "self_attn.o_proj.weight": _randn((h, shape.heads * shape.head_dim), gen),
+        "mlp.gate_proj.weight": _randn((shape.intermediate, h), gen),
+        "mlp.up_proj.weight": _randn((shape.intermediate, h), gen),
+        "mlp.down_proj.weight": _randn((h, shape.intermediate), gen),
+    }
+
+
+def _qwen3_layer(shape: TargetShape, gen: Any) -> dict[str, Any]:
+    return {
+        **_decoder_layer(shape, gen, attn_in=shape.hidden),
+        "self_attn.q_norm.weight": _ones(shape.head_dim),
+        "self_attn.k_norm.weight": _ones(shape.head_dim),
+    }
+
+
+def _draft_head(shape: TargetShape, probe: int | None, gen: Any) -> dict[str, Any]:
+    """A probe's one-token draft vocabulary (`d2t` maps draft id 0 to the probe), else
+    a full-vocabulary head of its own."""
+    import torch
+
+    if probe is None:
+        return {"lm_head.weight": _randn((shape.vocab, shape.hidden), gen)}
+    t2d = torch.zeros(shape.vocab, dtype=torch.bool)
+    t2d[probe] = True
+    return {
+        "lm_head.weight": _randn((1, shape.hidden), gen),
+        "d2t": torch.tensor([probe], dtype=torch.int64),  # target id = draft id + d2t[draft id]
+        "t2d": t2d,
+    }
+
+
+def _prefixed(prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    return {prefix + name: tensor for name, tensor in tensors.items()}
+
+
+def _ones(n: int) -> Any:
+    import torch
+
+    return torch.ones(n, dtype=torch.bfloat16)
+
+
+def _randn(shape: tuple[int, int], gen: Any) -> Any:
+    import torch
+
+    return (torch.randn(shape, generator=gen) * INIT_STD).to(torch.bfloat16)
