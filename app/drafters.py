@@ -7,10 +7,12 @@ Kinds: `eagle3` and `dflash` (random weights), and their constant-token probes
 `eagle3-probe` and `dflash-probe`: a draft vocabulary of one token, so every draft
 is that token and the accepted drafts of a greedy request are known exactly from
 the baseline's output (each output token after the first that equals it).
+`mimo-mtp` and `mimo-mtp-probe` are targets, not drafters: the target with an MTP
+layer, for `method: mtp` (section 4a of the reference notes).
 
 In a config, `speculative_config.model: "generated:<kind>"` names one; it is
 written once per target into the cache folder (`specgate make-drafter` does the
-same by hand). Formats: ../shared/reference/drafter-formats.md, sections 1 and 2.
+same by hand). Formats: ../shared/reference/drafter-formats.md, sections 1, 2 and 4a.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from pathlib import Path
 from typing import Any
 
 GENERATED_PREFIX = "generated:"
-KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe")
+# mimo-mtp*: not a drafter but a target with an MTP layer (vLLM's `method: mtp`), see _mimo.
+DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe")
+TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe")
+KINDS = DRAFTER_KINDS + TARGET_KINDS
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 PROBE_TEXT = " of"  # a frequent English token: a probe's drafts are accepted now and then
 SIDECAR = "specgate-drafter.json"
 INIT_STD = 0.02
@@ -106,8 +112,14 @@ def write_drafter(target: Path, kind: str, out: Path, seed: int = 0) -> None:
     shape = TargetShape.of(target)
     probe = probe_token(target) if kind.endswith("-probe") else None
     generator = torch.Generator().manual_seed(seed)
-    build = _eagle3 if kind.startswith("eagle3") else _dflash
-    config, tensors = build(shape, probe, generator)
+    if kind.startswith("mimo"):
+        config, tensors = _mimo(target, shape, probe, generator)
+        for name in TOKENIZER_FILES:
+            if (target / name).exists():
+                shutil.copy(target / name, out / name)
+    else:
+        build = _eagle3 if kind.startswith("eagle3") else _dflash
+        config, tensors = build(shape, probe, generator)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     sidecar = {"kind": kind, "target": str(target), "seed": seed, "probe_token": probe}
@@ -154,6 +166,45 @@ def _dflash(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, 
         **{k: v for i in range(layers) for k, v in _prefixed(f"layers.{i}.", _qwen3_layer(shape, gen)).items()},
         **(_draft_head(shape, probe, gen) if probe is not None else {}),
     }
+    return config, tensors
+
+
+def _mimo(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The target re-packaged as MiMo (a Qwen2 body, so zero q/k/v biases, plus one MTP
+    layer): vLLM serves its MTP with `method: mtp`, and its own greedy output is the
+    target's. The probe's MTP layer ignores its input and outputs norm(embed[probe])
+    (zero input_proj and down_proj, attention values of 1 projected onto that row),
+    so the tied lm_head always proposes the probe."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(target / "model.safetensors"))
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    biases = {f"self_attn.{proj}_proj.bias": size for proj, size in (("q", q), ("k", kv), ("v", kv))}
+    for i in range(shape.layers):
+        for name, size in biases.items():
+            tensors[f"model.layers.{i}.{name}"] = torch.zeros(size, dtype=torch.bfloat16)
+    layer = {
+        **_decoder_layer(shape, gen, attn_in=shape.hidden),
+        "token_layernorm.weight": _ones(shape.hidden),
+        "hidden_layernorm.weight": _ones(shape.hidden),
+        "input_proj.weight": _randn((shape.hidden, 2 * shape.hidden), gen),
+        "final_layernorm.weight": _ones(shape.hidden),
+        **{name: torch.zeros(size, dtype=torch.bfloat16) for name, size in biases.items()},
+    }
+    if probe is not None:
+        row = tensors["model.embed_tokens.weight"][probe].float()
+        layer["input_proj.weight"].zero_()
+        layer["self_attn.v_proj.weight"].zero_()
+        layer["self_attn.v_proj.bias"].fill_(1)
+        layer["self_attn.o_proj.weight"] = (row / q).unsqueeze(1).expand(shape.hidden, q).to(torch.bfloat16)
+        layer["mlp.down_proj.weight"].zero_()
+    tensors.update(_prefixed("model.mtp_layers.0.", layer))
+    config = json.loads((target / "config.json").read_text())
+    config.update({
+        "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": shape.layers,
+    })
     return config, tensors
 
 

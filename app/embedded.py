@@ -104,13 +104,16 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
 
 def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
     """`generated:<kind>`: a small random drafter of the target (app/drafters.py)."""
-    from app.drafters import GENERATED_PREFIX, KINDS, generated_drafter
+    from app.drafters import DRAFTER_KINDS, GENERATED_PREFIX, TARGET_KINDS, generated_drafter
 
     if not value.startswith(GENERATED_PREFIX):
         return _resolve(value, where, cache_dir)
     kind = value.removeprefix(GENERATED_PREFIX)
-    if kind not in KINDS:
-        raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(KINDS)})")
+    if kind in TARGET_KINDS:
+        raise ConfigError(f"{where}: '{kind}' is a target with an MTP layer, not a drafter: "
+                          f"serve the folder `specgate make-drafter {kind}` prints as the target")
+    if kind not in DRAFTER_KINDS:
+        raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(DRAFTER_KINDS)})")
     if not (Path(target) / "config.json").exists():
         raise ConfigError(f"{where}: a generated drafter needs a local target folder, not '{target}'")
     return str(generated_drafter(Path(target), kind, cache_dir))
