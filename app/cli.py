@@ -133,10 +133,9 @@ def _tune(args: argparse.Namespace, config: SpecgateConfig) -> int:
 
 def _make_drafter(args: argparse.Namespace, settings: Settings) -> int:
     from app.drafters import generated_drafter
-    from app.embedded import EMBEDDED_PREFIX, ensure_embedded_model
+    from app.embedded import resolve_embedded
 
-    embedded = args.target.startswith(EMBEDDED_PREFIX)
-    target = ensure_embedded_model(settings.cache_dir) if embedded else Path(args.target)
+    target = Path(resolve_embedded(args.target, "--target", settings.cache_dir))
     if not (target / "config.json").exists():
         raise ValueError(f"--target: no config.json in {target}")
     print(generated_drafter(target, args.kind, settings.cache_dir, seed=args.seed))

@@ -89,7 +89,7 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
     (the embedded model drafting for itself), by the converted local folder."""
     models = {}
     for name, model in config.models.items():
-        target = _resolve(model.target, f"models.{name}.target", cache_dir)
+        target = resolve_embedded(model.target, f"models.{name}.target", cache_dir)
         methods = {}
         for method_name, method in model.methods.items():
             spec = method.speculative_config
@@ -107,7 +107,7 @@ def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
     from app.drafters import DRAFTER_KINDS, GENERATED_PREFIX, TARGET_KINDS, generated_drafter
 
     if not value.startswith(GENERATED_PREFIX):
-        return _resolve(value, where, cache_dir)
+        return resolve_embedded(value, where, cache_dir)
     kind = value.removeprefix(GENERATED_PREFIX)
     if kind in TARGET_KINDS:
         raise ConfigError(f"{where}: '{kind}' is a target with an MTP layer, not a drafter: "
@@ -119,7 +119,8 @@ def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
     return str(generated_drafter(Path(target), kind, cache_dir))
 
 
-def _resolve(value: str, where: str, cache_dir: Path) -> str:
+def resolve_embedded(value: str, where: str, cache_dir: Path) -> str:
+    """`embedded:<name>` as the converted local folder; any other value as it is."""
     if not value.startswith(EMBEDDED_PREFIX):
         return value
     which = value.removeprefix(EMBEDDED_PREFIX)

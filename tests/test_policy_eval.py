@@ -12,6 +12,7 @@ import pytest
 from app.bench.policy_eval import main, policy_cells, render, totals
 from app.bench.records import RequestResult
 from app.bench.report import write_jsonl
+from app.bench.stats import summarize
 from tests.test_bench_report import PNG_SIGNATURE, result
 
 pytestmark = pytest.mark.unit
@@ -33,7 +34,8 @@ def sweep() -> list[RequestResult]:
 
 
 def test_cells_compare_the_policy_with_the_best_fixed_method() -> None:
-    cells = policy_cells(sweep(), "auto")
+    results = sweep()
+    cells = policy_cells(results, summarize(results, baseline=None), "auto")
     assert [(c.workload, c.best, c.fixed, c.policy) for c in cells] == [
         ("code", "ngram", {"none": 50.0, "ngram": 100.0}, 96.0),
         ("prose", "none", {"none": 50.0, "ngram": 40.0}, 45.0),
@@ -44,8 +46,9 @@ def test_cells_compare_the_policy_with_the_best_fixed_method() -> None:
 
 def test_totals_over_the_sweep() -> None:
     results = sweep()
-    cells = policy_cells(results, "auto")
-    total = totals(results, cells, "auto")
+    summaries = summarize(results, baseline=None)
+    cells = policy_cells(results, summaries, "auto")
+    total = totals(summaries, cells, "auto")
     assert total.tokens_per_s == pytest.approx({"none": 50.0, "ngram": 60.0, "auto": 186 / 3})
     assert total.geomean_ratio == pytest.approx({"none": math.sqrt(96 / 50 * 45 / 50),
                                                  "ngram": math.sqrt(0.96 * 45 / 40)})

@@ -53,8 +53,10 @@ class Totals:
     geomean_ratio: dict[str, float]  # fixed method -> geometric mean over cells of policy / method
 
 
-def policy_cells(results: Sequence[RequestResult], policy: str) -> list[PolicyCell]:
-    summaries = summarize(results, baseline=None)
+def policy_cells(
+    results: Sequence[RequestResult], summaries: Sequence[CellSummary], policy: str
+) -> list[PolicyCell]:
+    """`summaries`: `summarize(results, baseline=None)`."""
     served: dict[tuple[str, Load], Counter[str]] = {}
     for r in results:
         if r.method == policy and r.ok:
@@ -76,10 +78,10 @@ def _by_cell(summaries: Sequence[CellSummary]) -> dict[tuple[str, Load], list[Ce
     return grouped
 
 
-def totals(results: Sequence[RequestResult], cells: Sequence[PolicyCell], policy: str) -> Totals:
+def totals(summaries: Sequence[CellSummary], cells: Sequence[PolicyCell], policy: str) -> Totals:
     tokens: dict[str, int] = defaultdict(int)
     seconds: dict[str, float] = defaultdict(float)
-    for cell in summarize(results, baseline=None):
+    for cell in summaries:
         tokens[cell.method] += cell.output_tokens
         seconds[cell.method] += cell.duration_s
     methods = _fixed_methods(cells)
@@ -139,10 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="auto", choices=POLICY_ROUTES)
     args = parser.parse_args(argv)
     results = read_jsonl(args.sweep / "requests.jsonl")
-    cells = policy_cells(results, args.policy)
+    summaries = summarize(results, baseline=None)
+    cells = policy_cells(results, summaries, args.policy)
     if not cells:
         parser.error(f"{args.sweep} has no cell with both '{args.policy}' and a fixed method")
-    text = render(cells, totals(results, cells, args.policy), args.policy)
+    text = render(cells, totals(summaries, cells, args.policy), args.policy)
     sys.stdout.write(text)
     (args.sweep / f"{args.policy}_vs_fixed.md").write_text(text)
     plot(cells, args.policy).savefig(args.sweep / f"{args.policy}_vs_fixed.png")
