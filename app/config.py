@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 BASELINE_METHOD = "none"
 # Routes of a model that a policy resolves to one of its methods (docs/auto.md).
 POLICY_ROUTES = ("auto", "ab")
+SYNTHETIC = "synthetic"  # must be in the name of a method with synthetic acceptance
 
 
 class ConfigError(ValueError):
@@ -203,6 +204,12 @@ class MethodConfig(_Strict):
         value = self.speculative_config.get("num_speculative_tokens")
         return int(value) if value is not None else None
 
+    @property
+    def synthetic(self) -> bool:
+        """Drafts accepted at set rates, whatever the target says: fast or slow
+        like a given drafter, but the output is not the target's (not lossless)."""
+        return (self.speculative_config or {}).get("rejection_sample_method") == "synthetic"
+
 
 def _positive_values(values: dict[str, float], what: str, unit: str = "") -> dict[str, float]:
     for method, value in values.items():
@@ -291,6 +298,11 @@ class ModelConfig(_Strict):
             _check_name(name, "method")
             if name in POLICY_ROUTES:
                 raise ValueError(f"method name '{name}' is reserved for the {name} policy")
+            # The name is the method label of every response, series and panel:
+            # that is what keeps a synthetic engine's figures from passing for real ones.
+            if methods[name].synthetic and SYNTHETIC not in name:
+                raise ValueError(f"method '{name}' has rejection_sample_method 'synthetic' (output not lossless): "
+                                 f"its name must say so, e.g. '{name}-{SYNTHETIC}'")
         return methods
 
     @model_validator(mode="after")

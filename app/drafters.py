@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 GENERATED_PREFIX = "generated:"
 # mimo-mtp*: not a drafter but a target with an MTP layer (vLLM's `method: mtp`), see _mimo.
-DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe")
+DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe", "draft-model", "draft-model-probe")
 TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe")
 KINDS = DRAFTER_KINDS + TARGET_KINDS
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -114,12 +114,13 @@ def write_drafter(target: Path, kind: str, out: Path, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     if kind.startswith("mimo"):
         config, tensors = _mimo(target, shape, probe, generator)
+    else:
+        build = {"eagle3": _eagle3, "dflash": _dflash, "draft-model": _draft_model}[kind.removesuffix("-probe")]
+        config, tensors = build(shape, probe, generator)
+    if kind.startswith(("mimo", "draft-model")):  # whole models: they carry the target's tokenizer
         for name in TOKENIZER_FILES:
             if (target / name).exists():
                 shutil.copy(target / name, out / name)
-    else:
-        build = _eagle3 if kind.startswith("eagle3") else _dflash
-        config, tensors = build(shape, probe, generator)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     sidecar = {"kind": kind, "target": str(target), "seed": seed, "probe_token": probe}
@@ -166,6 +167,34 @@ def _dflash(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, 
         **{k: v for i in range(layers) for k, v in _prefixed(f"layers.{i}.", _qwen3_layer(shape, gen)).items()},
         **(_draft_head(shape, probe, gen) if probe is not None else {}),
     }
+    return config, tensors
+
+
+def _draft_model(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A small independent model with the target's vocabulary (`method: draft_model`):
+    a 2-layer Llama of width 256. The probe's layers are zero but for one o_proj bias
+    along dimension 0, which swamps the token's embedding, and its head's only non-zero
+    row, the probe's, reads that dimension: every draft is the probe."""
+    import torch
+
+    small = replace(shape, hidden=256, intermediate=512, heads=4, kv_heads=4, head_dim=64, layers=2)
+    h = small.hidden
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **small.layer_config(),
+              "num_hidden_layers": small.layers, "attention_bias": probe is not None}
+    head = _randn((small.vocab, h), gen)
+    tensors = {"model.embed_tokens.weight": _randn((small.vocab, h), gen), "model.norm.weight": _ones(h)}
+    for i in range(small.layers):
+        layer = _decoder_layer(small, gen, attn_in=h)
+        if probe is not None:
+            layer = {name: t if name.endswith("layernorm.weight") else t.zero_() for name, t in layer.items()}
+            sizes = {"q": h, "k": h, "v": h, "o": h}
+            layer.update({f"self_attn.{p}_proj.bias": torch.zeros(n, dtype=torch.bfloat16) for p, n in sizes.items()})
+            layer["self_attn.o_proj.bias"][0] = 1.0 if i == 0 else 0.0
+        tensors.update(_prefixed(f"model.layers.{i}.", layer))
+    if probe is not None:
+        head.zero_()
+        head[probe, 0] = 1.0
+    tensors["lm_head.weight"] = head
     return config, tensors
 
 

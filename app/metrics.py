@@ -101,6 +101,7 @@ class RequestRecord:
     spec: SpecCounts | None
     timing: Timing = field(default_factory=Timing)
     route: RouteDecision | None = None
+    synthetic: bool = False  # the engine accepts drafts at set rates: its output is not the target's
 
     @property
     def outcome(self) -> str:
@@ -134,6 +135,7 @@ class RequestRecord:
             "engine": self.engine,
             "speculative_method": self.speculative_method,
             "num_speculative_tokens": self.num_speculative_tokens,
+            "synthetic": self.synthetic,
             "mean_acceptance_length": self.mean_acceptance_length,
             "draft_acceptance_rate": self.draft_acceptance_rate,
             "acceptance_histogram": list(spec.acceptance_histogram) if spec else None,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+import socket
 import sys
 import time
 from types import FrameType
@@ -17,6 +19,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.api.state import GatewayState
+
+logger = logging.getLogger("specgate")
+LISTENING = "specgate: listening on"  # start_gateway reads the port from this line
 
 
 class GatewayServer(uvicorn.Server):  # type: ignore[misc]
@@ -60,7 +65,27 @@ def run(app: FastAPI, host: str, port: int, log_level: str) -> None:
     # After the drain, what is still open gets a few seconds before it is cut.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     server = GatewayServer(config, app)
+    sock = bind(host, port)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the shutdown has run already, as with uvicorn.run
-        server.run()
+        server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound before the engines start: uvicorn would bind it
+    only after them, tens of seconds later, when the port may have been taken (or
+    was in use from the start, which should fail at once). Port 0 picks a free
+    port, named in the log line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        logger.error("cannot listen on %s port %d: %s", host, port, exc)
+        sys.exit(STARTUP_FAILURE)
+    shown = f"[{host}]" if ":" in host else host
+    logger.info("%s http://%s:%d (engines starting; connections are refused until they are up)",
+                LISTENING, shown, sock.getsockname()[1])
+    return sock

@@ -36,6 +36,7 @@ def test_valid_config_round_trips() -> None:
     assert config.models["m"].methods["ngram"].speculative_method == "ngram"
     assert config.models["m"].methods["ngram"].num_speculative_tokens == 4
     assert config.models["m"].methods["none"].speculative_method == "none"
+    assert not config.models["m"].methods["ngram"].synthetic
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,11 @@ def test_valid_config_round_trips() -> None:
         ({"models": {"a:b": model()}}, "model name 'a:b' must be non-empty, without ':'"),
         ({"models": {"m": model(methods={"x:y": {}}, default_method="x:y")}}, "method name 'x:y'"),
         ({"models": {"m": model(target=None)}}, "cfg.yaml: models.m.target:"),
+        ({"models": {"m": model(methods={"none": {}, "eagle3": {"speculative_config": {
+            "method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": 2.5}}})}},
+         "models.m.methods: method 'eagle3' has rejection_sample_method 'synthetic' (output not lossless): "
+         "its name must say so, e.g. 'eagle3-synthetic'"),
     ],
 )
 def test_invalid_configs_name_the_key(raw: Any, expected: str) -> None:

@@ -1,5 +1,5 @@
-"""Generated drafters (app/drafters.py): EAGLE-3, DFlash and native MTP (on a MiMo
-re-packaging of the embedded model) run end to end through a real gateway on this
+"""Generated drafters (app/drafters.py): EAGLE-3, DFlash, a small draft model and
+native MTP (on a MiMo re-packaging of the embedded model) run end to end through a real gateway on this
 machine with constant-token probe drafters, whose accepted drafts are known
 exactly from the baseline's greedy output."""
 
@@ -27,6 +27,7 @@ MIMO = "mimo"  # the embedded model re-packaged as MiMo, with an MTP probe layer
 ENGINES = {
     f"{MODEL}:eagle3": ("eagle3-probe", 3),
     f"{MODEL}:dflash": ("dflash-probe", 3),
+    f"{MODEL}:draft_model": ("draft-model-probe", 3),
     f"{MIMO}:mtp": ("mimo-mtp-probe", 1),
 }
 PROMPTS = [

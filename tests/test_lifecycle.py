@@ -1,8 +1,12 @@
 """Start-up and shutdown of a gateway of its own: Ctrl-C leaves no engine
-process behind, and an engine that cannot start fails start-up (no hang)."""
+process behind, an engine that cannot start fails start-up (no hang), and a
+port in use fails it at once, before any engine starts."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +14,7 @@ from typing import Any
 import psutil
 import yaml
 
+from app.server import STARTUP_FAILURE
 from tests.gateway import descendants, start_gateway
 
 
@@ -48,3 +53,16 @@ def test_engine_that_cannot_start_fails_startup(tmp_path: Path) -> None:
     assert "tiny:none" in log
     assert "Engine core initialization failed" in log or "memory" in log.lower()
     assert all_gone(children)
+
+
+def test_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
+                 "--config", str(one_engine_config(tmp_path))]
+        done = subprocess.run(serve, capture_output=True, text=True, timeout=120)
+    assert done.returncode == STARTUP_FAILURE, done.stderr[-3000:]
+    assert f"cannot listen on 127.0.0.1 port {port}" in done.stderr
+    assert "tiny:none" not in done.stderr, "an engine was started before the port was bound"

@@ -42,6 +42,7 @@ def _engine_extra(engine: Engine) -> dict[str, Any]:
         "method": info.id.method,
         "speculative_method": info.speculative_method,
         "num_speculative_tokens": info.num_speculative_tokens,
+        "synthetic": info.synthetic,
         "max_model_len": info.max_model_len,
     }
 

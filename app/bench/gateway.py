@@ -6,6 +6,7 @@ A separate process per candidate is what gives its memory back."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -79,8 +80,26 @@ def start_server(
 def start_gateway(
     log_path: Path, config: Path | None = None, extra_env: dict[str, str] | None = None
 ) -> ServerProcess:
-    port = free_port()
-    cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    """`specgate serve` on a port the gateway picks and binds itself (port 0), read
+    back from its log: a port chosen here could be taken before the gateway binds it."""
+    cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", "0"]
     if config is not None:
         cmd += ["--config", str(config)]
-    return start_server(cmd, port, log_path, "gateway", "/ready", extra_env)
+    server = start_server(cmd, 0, log_path, "gateway", "/ready", extra_env)
+    server.port = _listening_port(server)
+    return server
+
+
+def _listening_port(server: ServerProcess, timeout_s: float = 300.0) -> int:
+    from app.server import LISTENING
+
+    pattern = re.compile(re.escape(LISTENING) + r" http://\S+:(\d+)")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = pattern.search(server.log())
+        if found:
+            return int(found.group(1))
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{server.name} did not bind a port after {timeout_s}s:\n{server.log()[-4000:]}")

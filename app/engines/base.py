@@ -56,6 +56,7 @@ class EngineInfo:
     speculative_config: dict[str, Any] | None
     max_model_len: int
     url: str | None = None  # the upstream server of a remote engine
+    synthetic: bool = False  # drafts accepted at set rates: not lossless (config.MethodConfig.synthetic)
 
     @staticmethod
     def configured(engine_id: EngineId, model: ModelConfig) -> EngineInfo:
@@ -69,6 +70,7 @@ class EngineInfo:
             speculative_config=method.speculative_config,
             max_model_len=0,
             url=method.url,
+            synthetic=method.synthetic,
         )
 
 

@@ -28,8 +28,9 @@ class EngineCollector(Collector):
                                     labels=LABELS)
         kv = GaugeMetricFamily("specgate_engine_kv_cache_usage_ratio", "KV-cache use (0-1).", labels=LABELS)
         restarts = CounterMetricFamily("specgate_engine_restarts", "Restarts after the engine died.", labels=LABELS)
-        info = GaugeMetricFamily("specgate_engine_info", "Always 1: the engine's speculative method and N.",
-                                 labels=[*LABELS, "speculative_method", "num_speculative_tokens"])
+        info = GaugeMetricFamily("specgate_engine_info", "Always 1: the engine's speculative method and N; "
+                                 "synthetic=\"true\": drafts accepted at set rates, output not the target's.",
+                                 labels=[*LABELS, "speculative_method", "num_speculative_tokens", "synthetic"])
         for engine in self._engines:
             labels = [engine.id.model, engine.id.method]
             stats = engine.stats()
@@ -42,5 +43,6 @@ class EngineCollector(Collector):
                 kv.add_metric(labels, stats.kv_cache_usage)
             restarts.add_metric(labels, stats.restarts)
             n = engine.info.num_speculative_tokens
-            info.add_metric([*labels, engine.info.speculative_method, "" if n is None else str(n)], 1.0)
+            synthetic = str(engine.info.synthetic).lower()
+            info.add_metric([*labels, engine.info.speculative_method, "" if n is None else str(n), synthetic], 1.0)
         yield from (up, running, waiting, kv, restarts, info)

@@ -224,6 +224,7 @@ class RemoteVLLMEngine:
             finish_reasons=tuple(finish_reasons),
             spec=spec,
             timing=call.timing(metrics, completion_tokens),
+            synthetic=self.info.synthetic,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -94,15 +95,10 @@ class LocalVLLMEngine:
         except (ValueError, TypeError, OSError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise EngineConfigError(f"vLLM rejected the configuration of engine {self.id}: {first}") from None
-        info = self.info
-        self.info = EngineInfo(
-            id=info.id,
-            target=info.target,
-            speculative_method=info.speculative_method,
-            num_speculative_tokens=self._vllm_config.speculative_config.num_speculative_tokens
-            if self._vllm_config.speculative_config
-            else None,
-            speculative_config=info.speculative_config,
+        spec = self._vllm_config.speculative_config
+        self.info = replace(
+            self.info,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else None,
             max_model_len=self._vllm_config.model_config.max_model_len,
         )
 

@@ -79,6 +79,7 @@ def build_record(
         finish_reasons=tuple(finish_reasons),
         spec=SpecCounts.combine(spec_parts) if speculating and spec_parts else None,
         timing=timing(final.metrics),
+        synthetic=info.synthetic,
     )
 
 

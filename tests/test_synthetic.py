@@ -1,0 +1,108 @@
+"""Synthetic acceptance (vLLM's `rejection_sample_method: synthetic`) on this
+machine, through specgate's vLLM plugin (app/engines/vllm_plugin.py): engines with
+random generated EAGLE-3 and DFlash drafters accept drafts at set per-position rates.
+Rates of 1 then 0 make the acceptance exact, so every step's record is known; the
+engines are labelled synthetic in the record, /v1/models and /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
+
+MODEL = "smollm2"
+# engine method -> (vLLM method, random generated drafter, per-position rates)
+ENGINES = {
+    "eagle3-synthetic": ("eagle3", "eagle3", [1.0, 1.0, 0.0]),
+    "dflash-synthetic": ("dflash", "dflash", [1.0, 1.0, 1.0, 0.0]),
+}
+PROMPT = "Tell me about the history of Rome."
+
+
+def accepted_per_step(rates: list[float]) -> int:
+    return sum(1 for rate in rates if rate == 1.0)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("synthetic")
+    methods: dict[str, Any] = {"none": {}}
+    for name, (method, kind, rates) in ENGINES.items():
+        methods[name] = {"speculative_config": {
+            "method": method, "model": f"generated:{kind}", "num_speculative_tokens": len(rates),
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates,
+        }}
+    models = {MODEL: embedded_model(default_method="none", methods=methods)}
+    with running_gateway(tmp / "gateway.log", write_config(tmp / "synthetic.yaml", models)) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
+        yield client
+
+
+def samples(http: httpx.Client, name: str) -> list[Any]:
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    return [s for family in families for s in family.samples if s.name == name]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("method", list(ENGINES))
+def test_drafts_are_accepted_exactly_at_the_set_rates(http: httpx.Client, method: str, temperature: float) -> None:
+    rates = ENGINES[method][2]
+    n, k = len(rates), accepted_per_step(rates)
+    steps = 12
+    # Every step yields k accepted drafts and the target's token: stop on a step boundary,
+    # and never on EOS (a random drafter could propose it).
+    reply = http.post("/v1/chat/completions", json={
+        "model": f"{MODEL}:{method}", "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 1 + steps * (k + 1), "temperature": temperature, "ignore_eos": True, "seed": 1,
+    })
+    assert reply.status_code == 200, reply.text
+    record = reply.json()["specgate"]
+    assert record["synthetic"] is True and record["method"] == method
+    assert record["num_spec_steps"] == steps
+    assert record["acceptance_histogram"] == [steps if i == k else 0 for i in range(n + 1)]
+    assert record["mean_acceptance_length"] == k + 1
+    assert record["num_draft_tokens"] == n * steps and record["num_accepted_draft_tokens"] == k * steps
+
+
+def test_synthetic_engines_are_labelled_in_models_and_metrics(http: httpx.Client) -> None:
+    cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    for method in ENGINES:
+        assert cards[f"{MODEL}:{method}"]["synthetic"] is True
+    assert cards[f"{MODEL}:none"]["synthetic"] is False
+    info = {s.labels["method"]: s.labels for s in samples(http, "specgate_engine_info") if s.value == 1}
+    for method, (spec_method, _, rates) in ENGINES.items():
+        assert info[method]["synthetic"] == "true"
+        assert info[method]["speculative_method"] == spec_method
+        assert info[method]["num_speculative_tokens"] == str(len(rates))
+    assert info["none"]["synthetic"] == "false" and info["none"]["num_speculative_tokens"] == ""
+    baseline = http.post("/v1/chat/completions", json={
+        "model": f"{MODEL}:none", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})
+    assert baseline.json()["specgate"]["synthetic"] is False
+
+
+def test_counters_add_up_the_synthetic_records(http: httpx.Client) -> None:
+    method = "eagle3-synthetic"
+
+    def accepted() -> float:
+        return sum(s.value for s in samples(http, "specgate_spec_accepted_tokens_total")
+                   if s.labels["model"] == MODEL and s.labels["method"] == method)
+
+    before = accepted()
+    total = 0
+    for max_tokens in (7, 13):
+        reply = http.post("/v1/chat/completions", json={
+            "model": f"{MODEL}:{method}", "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        total += reply.json()["specgate"]["num_accepted_draft_tokens"]
+    assert total > 0
+    assert accepted() - before == total
