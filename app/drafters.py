@@ -7,8 +7,11 @@ Kinds: `eagle3` and `dflash` (random weights), and their constant-token probes
 `eagle3-probe` and `dflash-probe`: a draft vocabulary of one token, so every draft
 is that token and the accepted drafts of a greedy request are known exactly from
 the baseline's output (each output token after the first that equals it).
-`mimo-mtp` and `mimo-mtp-probe` are targets, not drafters: the target with an MTP
-layer, for `method: mtp` (section 4a of the reference notes).
+`draft-model[-probe]` is a small independent model (`method: draft_model`), `dspark`
+a DSpark drafter (validated by vLLM, not runnable on CPU). `mimo-mtp[-probe]` and
+`gemma4` are targets, not drafters: the target with an MTP layer, for `method: mtp`
+(section 4a of the reference notes), and a tiny Gemma-4 for the
+`gemma4-assistant[-probe]` drafters (app/drafters_gemma4.py).
 
 In a config, `speculative_config.model: "generated:<kind>"` names one; it is
 written once per target into the cache folder (`specgate make-drafter` does the
@@ -26,8 +29,10 @@ from typing import Any
 
 GENERATED_PREFIX = "generated:"
 # mimo-mtp*: not a drafter but a target with an MTP layer (vLLM's `method: mtp`), see _mimo.
-DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe", "draft-model", "draft-model-probe")
-TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe")
+DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe", "draft-model", "draft-model-probe", "dspark",
+                 "gemma4-assistant", "gemma4-assistant-probe")
+TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe", "gemma4")
+WHOLE_MODELS = ("mimo-mtp", "draft-model", "gemma4")  # kinds (and their probes) that carry the tokenizer
 KINDS = DRAFTER_KINDS + TARGET_KINDS
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 PROBE_TEXT = " of"  # a frequent English token: a probe's drafts are accepted now and then
@@ -112,12 +117,8 @@ def write_drafter(target: Path, kind: str, out: Path, seed: int = 0) -> None:
     shape = TargetShape.of(target)
     probe = probe_token(target) if kind.endswith("-probe") else None
     generator = torch.Generator().manual_seed(seed)
-    if kind.startswith("mimo"):
-        config, tensors = _mimo(target, shape, probe, generator)
-    else:
-        build = {"eagle3": _eagle3, "dflash": _dflash, "draft-model": _draft_model}[kind.removesuffix("-probe")]
-        config, tensors = build(shape, probe, generator)
-    if kind.startswith(("mimo", "draft-model")):  # whole models: they carry the target's tokenizer
+    config, tensors = _build(target, kind, shape, probe, generator)
+    if kind.removesuffix("-probe") in WHOLE_MODELS:
         for name in TOKENIZER_FILES:
             if (target / name).exists():
                 shutil.copy(target / name, out / name)
@@ -125,6 +126,22 @@ def write_drafter(target: Path, kind: str, out: Path, seed: int = 0) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=1))
     sidecar = {"kind": kind, "target": str(target), "seed": seed, "probe_token": probe}
     (out / SIDECAR).write_text(json.dumps(sidecar, indent=1))
+
+
+def _build(
+    target: Path, kind: str, shape: TargetShape, probe: int | None, gen: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    from app.drafters_gemma4 import gemma4_assistant, gemma4_target
+
+    base = kind.removesuffix("-probe")
+    if base == "mimo-mtp":
+        return _mimo(target, shape, probe, gen)
+    if base == "gemma4":
+        return gemma4_target(shape.vocab, probe_token(target), gen)
+    if base == "gemma4-assistant":
+        return gemma4_assistant(target, probe, gen)
+    builders = {"eagle3": _eagle3, "dflash": _dflash, "draft-model": _draft_model, "dspark": _dspark}
+    return builders[base](shape, probe, gen)
 
 
 def _eagle3_aux_layers(shape: TargetShape) -> list[int]:
@@ -141,9 +158,9 @@ def _eagle3(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, 
     }
     tensors = {
         **_prefixed("midlayer.", _decoder_layer(shape, gen, attn_in=2 * h)),
-        "midlayer.hidden_norm.weight": _ones(h),
-        "fc.weight": _randn((h, len(aux) * h), gen),
-        "norm.weight": _ones(h),
+        "midlayer.hidden_norm.weight": ones(h),
+        "fc.weight": randn((h, len(aux) * h), gen),
+        "norm.weight": ones(h),
         **_draft_head(shape, probe, gen),
     }
     return config, tensors
@@ -161,11 +178,35 @@ def _dflash(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, 
     if probe is not None:
         config["draft_vocab_size"] = 1
     tensors = {
-        "fc.weight": _randn((h, len(target_layers) * h), gen),
-        "hidden_norm.weight": _ones(h),
-        "norm.weight": _ones(h),
+        "fc.weight": randn((h, len(target_layers) * h), gen),
+        "hidden_norm.weight": ones(h),
+        "norm.weight": ones(h),
         **{k: v for i in range(layers) for k, v in _prefixed(f"layers.{i}.", _qwen3_layer(shape, gen)).items()},
         **(_draft_head(shape, probe, gen) if probe is not None else {}),
+    }
+    return config, tensors
+
+
+def _dspark(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DSpark in the Qwen3 layout (vLLM renames `DSparkDraftModel` + qwen3 to
+    `Qwen3DSparkModel`): one Qwen3 layer over one target layer, and the Markov head
+    (`markov_rank`, the one key its model code requires). vLLM validates it, but on
+    the CPU no model runner serves DSpark (docs/methods.md); there is no probe."""
+    h, target_layers, rank = shape.hidden, [shape.layers // 2], 1
+    config = {
+        "architectures": ["DSparkDraftModel"], "model_type": "qwen3", **shape.layer_config(),
+        "num_hidden_layers": 1, "use_sliding_window": False, "sliding_window": None,
+        "layer_types": ["full_attention"], "block_size": 3, "target_hidden_size": h,
+        "target_layer_ids": target_layers, "use_aux_hidden_state": True, "mask_token_id": _mask_token(shape),
+        "markov_rank": rank, "markov_head_type": "vanilla", "sample_from_anchor": True,
+    }
+    tensors = {
+        "fc.weight": randn((h, len(target_layers) * h), gen),
+        "hidden_norm.weight": ones(h),
+        "norm.weight": ones(h),
+        **_prefixed("layers.0.", _qwen3_layer(shape, gen)),
+        "markov_head.markov_w1.weight": randn((shape.vocab, rank), gen),
+        "markov_head.markov_w2.weight": randn((shape.vocab, rank), gen),
     }
     return config, tensors
 
@@ -181,8 +222,8 @@ def _draft_model(shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[
     h = small.hidden
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **small.layer_config(),
               "num_hidden_layers": small.layers, "attention_bias": probe is not None}
-    head = _randn((small.vocab, h), gen)
-    tensors = {"model.embed_tokens.weight": _randn((small.vocab, h), gen), "model.norm.weight": _ones(h)}
+    head = randn((small.vocab, h), gen)
+    tensors = {"model.embed_tokens.weight": randn((small.vocab, h), gen), "model.norm.weight": ones(h)}
     for i in range(small.layers):
         layer = _decoder_layer(small, gen, attn_in=h)
         if probe is not None:
@@ -215,10 +256,10 @@ def _mimo(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tupl
             tensors[f"model.layers.{i}.{name}"] = torch.zeros(size, dtype=torch.bfloat16)
     layer = {
         **_decoder_layer(shape, gen, attn_in=shape.hidden),
-        "token_layernorm.weight": _ones(shape.hidden),
-        "hidden_layernorm.weight": _ones(shape.hidden),
-        "input_proj.weight": _randn((shape.hidden, 2 * shape.hidden), gen),
-        "final_layernorm.weight": _ones(shape.hidden),
+        "token_layernorm.weight": ones(shape.hidden),
+        "hidden_layernorm.weight": ones(shape.hidden),
+        "input_proj.weight": randn((shape.hidden, 2 * shape.hidden), gen),
+        "final_layernorm.weight": ones(shape.hidden),
         **{name: torch.zeros(size, dtype=torch.bfloat16) for name, size in biases.items()},
     }
     if probe is not None:
@@ -245,23 +286,23 @@ def _mask_token(shape: TargetShape) -> int:
 def _decoder_layer(shape: TargetShape, gen: Any, attn_in: int) -> dict[str, Any]:
     h, kv = shape.hidden, shape.kv_heads * shape.head_dim
     return {
-        "input_layernorm.weight": _ones(h),
-        "post_attention_layernorm.weight": _ones(h),
-        "self_attn.q_proj.weight": _randn((shape.heads * shape.head_dim, attn_in), gen),
-        "self_attn.k_proj.weight": _randn((kv, attn_in), gen),
-        "self_attn.v_proj.weight": _randn((kv, attn_in), gen),
-        "self_attn.o_proj.weight": _randn((h, shape.heads * shape.head_dim), gen),
-        "mlp.gate_proj.weight": _randn((shape.intermediate, h), gen),
-        "mlp.up_proj.weight": _randn((shape.intermediate, h), gen),
-        "mlp.down_proj.weight": _randn((h, shape.intermediate), gen),
+        "input_layernorm.weight": ones(h),
+        "post_attention_layernorm.weight": ones(h),
+        "self_attn.q_proj.weight": randn((shape.heads * shape.head_dim, attn_in), gen),
+        "self_attn.k_proj.weight": randn((kv, attn_in), gen),
+        "self_attn.v_proj.weight": randn((kv, attn_in), gen),
+        "self_attn.o_proj.weight": randn((h, shape.heads * shape.head_dim), gen),
+        "mlp.gate_proj.weight": randn((shape.intermediate, h), gen),
+        "mlp.up_proj.weight": randn((shape.intermediate, h), gen),
+        "mlp.down_proj.weight": randn((h, shape.intermediate), gen),
     }
 
 
 def _qwen3_layer(shape: TargetShape, gen: Any) -> dict[str, Any]:
     return {
         **_decoder_layer(shape, gen, attn_in=shape.hidden),
-        "self_attn.q_norm.weight": _ones(shape.head_dim),
-        "self_attn.k_norm.weight": _ones(shape.head_dim),
+        "self_attn.q_norm.weight": ones(shape.head_dim),
+        "self_attn.k_norm.weight": ones(shape.head_dim),
     }
 
 
@@ -271,11 +312,11 @@ def _draft_head(shape: TargetShape, probe: int | None, gen: Any) -> dict[str, An
     import torch
 
     if probe is None:
-        return {"lm_head.weight": _randn((shape.vocab, shape.hidden), gen)}
+        return {"lm_head.weight": randn((shape.vocab, shape.hidden), gen)}
     t2d = torch.zeros(shape.vocab, dtype=torch.bool)
     t2d[probe] = True
     return {
-        "lm_head.weight": _randn((1, shape.hidden), gen),
+        "lm_head.weight": randn((1, shape.hidden), gen),
         "d2t": torch.tensor([probe], dtype=torch.int64),  # target id = draft id + d2t[draft id]
         "t2d": t2d,
     }
@@ -285,13 +326,13 @@ def _prefixed(prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
     return {prefix + name: tensor for name, tensor in tensors.items()}
 
 
-def _ones(n: int) -> Any:
+def ones(n: int) -> Any:
     import torch
 
     return torch.ones(n, dtype=torch.bfloat16)
 
 
-def _randn(shape: tuple[int, int], gen: Any) -> Any:
+def randn(shape: tuple[int, int], gen: Any) -> Any:
     import torch
 
     return (torch.randn(shape, generator=gen) * INIT_STD).to(torch.bfloat16)

@@ -86,10 +86,11 @@ EMBEDDED_NAMES = ("smollm2",)
 
 def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> SpecgateConfig:
     """Replace every `embedded:<name>`, as a `target` or as a draft `speculative_config.model`
-    (the embedded model drafting for itself), by the converted local folder."""
+    (the embedded model drafting for itself), by the converted local folder, and every
+    `generated:<kind>` by the folder of that generated target or drafter."""
     models = {}
     for name, model in config.models.items():
-        target = resolve_embedded(model.target, f"models.{name}.target", cache_dir)
+        target = _resolve_target(model.target, f"models.{name}.target", cache_dir)
         methods = {}
         for method_name, method in model.methods.items():
             spec = method.speculative_config
@@ -102,6 +103,20 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
     return config.model_copy(update={"models": models})
 
 
+def _resolve_target(value: str, where: str, cache_dir: Path) -> str:
+    """`generated:<target kind>`, e.g. `generated:mimo-mtp`: the embedded model
+    re-packaged with an MTP layer (app/drafters.py)."""
+    from app.drafters import GENERATED_PREFIX, TARGET_KINDS, generated_drafter
+
+    if not value.startswith(GENERATED_PREFIX):
+        return resolve_embedded(value, where, cache_dir)
+    kind = value.removeprefix(GENERATED_PREFIX)
+    if kind not in TARGET_KINDS:
+        raise ConfigError(f"{where}: '{kind}' is not a generated target (kinds: {', '.join(TARGET_KINDS)}); "
+                          "generated drafters go in speculative_config.model")
+    return str(generated_drafter(ensure_embedded_model(cache_dir), kind, cache_dir))
+
+
 def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
     """`generated:<kind>`: a small random drafter of the target (app/drafters.py)."""
     from app.drafters import DRAFTER_KINDS, GENERATED_PREFIX, TARGET_KINDS, generated_drafter
@@ -111,12 +126,15 @@ def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
     kind = value.removeprefix(GENERATED_PREFIX)
     if kind in TARGET_KINDS:
         raise ConfigError(f"{where}: '{kind}' is a target with an MTP layer, not a drafter: "
-                          f"serve the folder `specgate make-drafter {kind}` prints as the target")
+                          f"make it the model's target ('target: generated:{kind}')")
     if kind not in DRAFTER_KINDS:
         raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(DRAFTER_KINDS)})")
     if not (Path(target) / "config.json").exists():
         raise ConfigError(f"{where}: a generated drafter needs a local target folder, not '{target}'")
-    return str(generated_drafter(Path(target), kind, cache_dir))
+    try:
+        return str(generated_drafter(Path(target), kind, cache_dir))
+    except ValueError as exc:  # the kind does not fit this target
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def resolve_embedded(value: str, where: str, cache_dir: Path) -> str:

@@ -1,11 +1,14 @@
 """Generated drafters (app/drafters.py): EAGLE-3, DFlash, a small draft model and
-native MTP (on a MiMo re-packaging of the embedded model) run end to end through a real gateway on this
-machine with constant-token probe drafters, whose accepted drafts are known
-exactly from the baseline's greedy output."""
+native MTP (on a MiMo re-packaging of the embedded model) run end to end through a
+real gateway on this machine with constant-token probe drafters, whose accepted
+drafts are known exactly from the baseline's greedy output. Suffix decoding runs
+beside them (it needs no drafter); DSpark is checked as far as vLLM goes here."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,20 +19,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from app.config import ConfigError, Settings, parse_config
-from app.drafters import SIDECAR, TargetShape, generated_drafter
+from app.config import ConfigError, parse_config
+from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
 from app.embedded import resolve_embedded_targets
 from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
 
 MODEL = "smollm2"
 MIMO = "mimo"  # the embedded model re-packaged as MiMo, with an MTP probe layer
-# engine -> (generated kind, N)
+GEMMA = "gemma"  # a tiny random Gemma-4 target, with a probe Gemma-4 MTP assistant
+# engine -> (generated kind: the drafter, or the target for native MTP; N)
 ENGINES = {
     f"{MODEL}:eagle3": ("eagle3-probe", 3),
     f"{MODEL}:dflash": ("dflash-probe", 3),
     f"{MODEL}:draft_model": ("draft-model-probe", 3),
     f"{MIMO}:mtp": ("mimo-mtp-probe", 1),
+    f"{GEMMA}:mtp": ("gemma4-assistant-probe", 3),
 }
+MAX_TOKENS = 64
+KV_BYTES = 256 * 1024 * 1024
+SUFFIX_N = 8  # suffix decoding (arctic-inference's suffix tree): no drafter at all
 PROMPTS = [
     "Describe the history of the city of Rome in a few sentences.",
     "List the names of the planets of the solar system.",
@@ -50,11 +58,18 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
             method = engine.partition(":")[2]
             methods[method] = {"speculative_config": {"method": method, "model": f"generated:{kind}",
                                                       "num_speculative_tokens": n}}
-    mimo_target = str(generated_drafter(target_folder(), "mimo-mtp-probe", Settings().cache_dir))
+    methods["suffix"] = {"speculative_config": {"method": "suffix", "num_speculative_tokens": SUFFIX_N}}
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": ENGINES[f"{MIMO}:mtp"][1]}}
+    assistant = {"speculative_config": {"method": "mtp", "model": "generated:gemma4-assistant-probe",
+                                        "num_speculative_tokens": ENGINES[f"{GEMMA}:mtp"][1]}}
+    # Nine engines: a quarter of the default KV budget each keeps them within this machine's memory.
+    engine = {**embedded_model()["engine"], "kv_cache_memory_bytes": KV_BYTES}
     models = {
-        MODEL: embedded_model(default_method="none", methods=methods),
-        MIMO: embedded_model(target=mimo_target, default_method="none", methods={"none": {}, "mtp": mtp}),
+        MODEL: embedded_model(engine=engine, default_method="none", methods=methods),
+        MIMO: embedded_model(target="generated:mimo-mtp-probe", engine=engine, default_method="none",
+                             methods={"none": {}, "mtp": mtp}),
+        GEMMA: embedded_model(target="generated:gemma4", engine=engine, default_method="none",
+                              methods={"none": {}, "mtp": assistant}),
     }
     with running_gateway(tmp / "gateway.log", write_config(tmp / "drafters.yaml", models)) as gw:
         yield gw
@@ -66,10 +81,12 @@ def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
         yield client
 
 
-def ask(http: httpx.Client, engine: str, prompt: str) -> tuple[str, list[str], dict[str, Any]]:
+def ask(
+    http: httpx.Client, engine: str, prompt: str, max_tokens: int = MAX_TOKENS
+) -> tuple[str, list[str], dict[str, Any]]:
     reply = http.post("/v1/chat/completions", json={
         "model": engine, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 64, "temperature": 0, "logprobs": True,
+        "max_tokens": max_tokens, "temperature": 0, "logprobs": True,
     })
     assert reply.status_code == 200, reply.text
     data = reply.json()
@@ -86,31 +103,58 @@ def counter(http: httpx.Client, name: str, model: str, method: str) -> float:
     )
 
 
+def probe_accepts(baseline: list[str], probe: str, n: int, limit: int) -> int:
+    """The drafts a probe drafter gets accepted over a greedy answer of `limit` tokens:
+    step by step, the run of probe tokens (at most n) where the step starts, then the
+    target's own token. The first output token comes from the prefill, not a draft.
+    `baseline` runs n tokens past the limit: vLLM counts the accepted drafts of the
+    last step before it trims the output to max_tokens."""
+    accepted, i = 0, 1
+    while i < min(limit, len(baseline)):
+        run = 0
+        while run < n and i + run < len(baseline) and baseline[i + run] == probe:
+            run += 1
+        accepted += run
+        i += run + 1
+    return accepted
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_probe_drafter_is_lossless_and_accepts_exactly_the_baselines_probe_tokens(
     http: httpx.Client, engine: str
 ) -> None:
     model, _, method = engine.partition(":")
-    kind, n = ENGINES[engine]
-    probe = json.loads((generated_drafter(target_folder(), kind, Settings().cache_dir) / SIDECAR)
-                       .read_text())["probe_token"]
-    probe_text = Tokenizer.from_file(str(target_folder() / "tokenizer.json")).decode([probe])
+    n = ENGINES[engine][1]
+    probe_text = Tokenizer.from_file(str(target_folder() / "tokenizer.json")).decode([probe_token(target_folder())])
     accepted_before = counter(http, "specgate_spec_accepted_tokens_total", model, method)
     expected_total = 0
     for prompt in PROMPTS:
         text, tokens, _ = ask(http, f"{model}:none", prompt)
+        longer = ask(http, f"{model}:none", prompt, MAX_TOKENS + n)[1]
         spec_text, spec_tokens, record = ask(http, engine, prompt)
         assert (spec_text, spec_tokens) == (text, tokens)  # lossless, token for token
         assert record["method"] == method and record["speculative_method"] == method
         assert record["num_speculative_tokens"] == n
         assert record["num_draft_tokens"] == n * record["num_spec_steps"]
-        # Every draft is the probe: one is accepted wherever the target's next token is the probe
-        # (the first output token comes from the prefill, not from a draft).
-        expected = sum(1 for token in tokens[1:] if token == probe_text)
+        # Every draft is the probe: drafts are accepted exactly where the target writes the probe.
+        expected = probe_accepts(longer, probe_text, n, limit=len(tokens))
         assert record["num_accepted_draft_tokens"] == expected, (prompt, tokens)
         expected_total += expected
     assert expected_total > 0, "the prompts should make the baseline write the probe token"
     assert counter(http, "specgate_spec_accepted_tokens_total", model, method) - accepted_before == expected_total
+
+
+def test_suffix_decoding_is_lossless_and_drafts_from_earlier_answers(http: httpx.Client) -> None:
+    for prompt in PROMPTS:
+        text, tokens, _ = ask(http, f"{MODEL}:none", prompt)
+        first = ask(http, f"{MODEL}:suffix", prompt)
+        again = ask(http, f"{MODEL}:suffix", prompt)
+        assert first[:2] == (text, tokens) and again[:2] == (text, tokens)
+        record = again[2]
+        assert record["speculative_method"] == "suffix" and record["num_speculative_tokens"] == SUFFIX_N
+        # The first answer is now in the global suffix tree: the same answer is mostly drafted from it.
+        assert record["num_accepted_draft_tokens"] > first[2]["num_accepted_draft_tokens"], (first[2], record)
+        assert record["mean_acceptance_length"] > 3, record
 
 
 def test_the_mimo_repackaging_answers_as_the_embedded_model(http: httpx.Client) -> None:
@@ -139,11 +183,48 @@ def test_generated_drafters_have_the_layout_vllm_loads(tmp_path: Path) -> None:
     assert (eagle3 / "model.safetensors").stat().st_mtime_ns == written
 
 
+def test_a_generated_target_that_is_a_drafter_names_the_key(tmp_path: Path) -> None:
+    raw = {"models": {"m": {"target": "generated:eagle3", "default_method": "none", "methods": {"none": {}}}}}
+    with pytest.raises(ConfigError, match=r"models\.m\.target: 'eagle3' is not a generated target"):
+        resolve_embedded_targets(parse_config(raw), tmp_path)
+
+
 @pytest.mark.parametrize(("kind", "message"), [("medusa", "unknown generated drafter"),
-                                               ("mimo-mtp", "is a target with an MTP layer")])
+                                               ("mimo-mtp", "is a target with an MTP layer"),
+                                               ("gemma4-assistant", "needs a Gemma-4 text target")])
 def test_wrong_generated_drafter_names_the_key(tmp_path: Path, kind: str, message: str) -> None:
     raw = {"models": {"m": {"target": str(target_folder()), "default_method": "e", "methods": {
         "e": {"speculative_config": {"method": "eagle3", "model": f"generated:{kind}", "num_speculative_tokens": 2}}}}}}
     with pytest.raises(ConfigError, match=r"models\.m\.methods\.e\.speculative_config\.model: ") as error:
         resolve_embedded_targets(parse_config(raw), tmp_path)
     assert message in str(error.value)
+
+
+def dspark_config(drafter: Path, **extra: Any) -> Any:
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.config.speculative import SpeculativeConfig
+
+    target = ModelConfig(model=str(target_folder()), max_model_len=1024)
+    return SpeculativeConfig(method="dspark", model=str(drafter), num_speculative_tokens=3,
+                             target_model_config=target, target_parallel_config=ParallelConfig(), **extra)
+
+
+def test_a_generated_dspark_drafter_passes_vllms_speculative_config(tmp_path: Path) -> None:
+    drafter = generated_drafter(target_folder(), "dspark", tmp_path)
+    config = dspark_config(drafter)
+    assert config.method == "dspark" and config.parallel_drafting
+    assert config.draft_model_config.architectures == ["Qwen3DSparkModel"]
+    with pytest.raises(ValueError, match="dspark_draft_topk must be between 1 and the draft vocabulary size"):
+        dspark_config(drafter, dspark_draft_topk=10**6)
+
+
+def test_a_dspark_engine_is_refused_here_by_vllms_model_runner_check(tmp_path: Path) -> None:
+    # What docs/methods.md says: only vLLM's V2 model runner serves DSpark, and it needs Triton.
+    dspark = {"speculative_config": {"method": "dspark", "model": "generated:dspark", "num_speculative_tokens": 3}}
+    config = write_config(tmp_path / "dspark.yaml", {MODEL: embedded_model(methods={"none": {}, "dspark": dspark},
+                                                                          default_method="none")})
+    done = subprocess.run([sys.executable, "-m", "app", "check-config", "--config", str(config)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"engine {MODEL}:dspark" in done.stderr
+    assert "Model Runner V1 does not support: dspark speculative decoding" in done.stderr

@@ -1,6 +1,7 @@
 """Synthetic acceptance (vLLM's `rejection_sample_method: synthetic`) on this
 machine, through specgate's vLLM plugin (app/engines/vllm_plugin.py): engines with
-random generated EAGLE-3 and DFlash drafters accept drafts at set per-position rates.
+random generated EAGLE-3 and DFlash drafters, and native MTP on the MiMo
+re-packaging with a random MTP layer, accept drafts at set per-position rates.
 Rates of 1 then 0 make the acceptance exact, so every step's record is known; the
 engines are labelled synthetic in the record, /v1/models and /metrics."""
 
@@ -16,10 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
 
 MODEL = "smollm2"
-# engine method -> (vLLM method, random generated drafter, per-position rates)
+MIMO = "mimo"  # the embedded model re-packaged as MiMo, with a random MTP layer
+# engine -> (vLLM method, random generated drafter or None, per-position rates)
 ENGINES = {
-    "eagle3-synthetic": ("eagle3", "eagle3", [1.0, 1.0, 0.0]),
-    "dflash-synthetic": ("dflash", "dflash", [1.0, 1.0, 1.0, 0.0]),
+    f"{MODEL}:eagle3-synthetic": ("eagle3", "eagle3", [1.0, 1.0, 0.0]),
+    f"{MODEL}:dflash-synthetic": ("dflash", "dflash", [1.0, 1.0, 1.0, 0.0]),
+    f"{MIMO}:mtp-synthetic": ("mtp", None, [1.0, 0.0]),
 }
 PROMPT = "Tell me about the history of Rome."
 
@@ -31,13 +34,14 @@ def accepted_per_step(rates: list[float]) -> int:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("synthetic")
-    methods: dict[str, Any] = {"none": {}}
-    for name, (method, kind, rates) in ENGINES.items():
-        methods[name] = {"speculative_config": {
-            "method": method, "model": f"generated:{kind}", "num_speculative_tokens": len(rates),
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates,
-        }}
-    models = {MODEL: embedded_model(default_method="none", methods=methods)}
+    methods: dict[str, dict[str, Any]] = {MODEL: {"none": {}}, MIMO: {}}
+    for engine, (method, kind, rates) in ENGINES.items():
+        model, _, name = engine.partition(":")
+        spec = {"method": method, "num_speculative_tokens": len(rates), "rejection_sample_method": "synthetic",
+                "synthetic_acceptance_rates": rates, **({"model": f"generated:{kind}"} if kind else {})}
+        methods[model][name] = {"speculative_config": spec}
+    models = {MODEL: embedded_model(default_method="none", methods=methods[MODEL]),
+              MIMO: embedded_model(target="generated:mimo-mtp", default_method="mtp-synthetic", methods=methods[MIMO])}
     with running_gateway(tmp / "gateway.log", write_config(tmp / "synthetic.yaml", models)) as gw:
         yield gw
 
@@ -54,15 +58,15 @@ def samples(http: httpx.Client, name: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("method", list(ENGINES))
-def test_drafts_are_accepted_exactly_at_the_set_rates(http: httpx.Client, method: str, temperature: float) -> None:
-    rates = ENGINES[method][2]
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_drafts_are_accepted_exactly_at_the_set_rates(http: httpx.Client, engine: str, temperature: float) -> None:
+    method, rates = engine.partition(":")[2], ENGINES[engine][2]
     n, k = len(rates), accepted_per_step(rates)
     steps = 12
     # Every step yields k accepted drafts and the target's token: stop on a step boundary,
     # and never on EOS (a random drafter could propose it).
     reply = http.post("/v1/chat/completions", json={
-        "model": f"{MODEL}:{method}", "messages": [{"role": "user", "content": PROMPT}],
+        "model": engine, "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": 1 + steps * (k + 1), "temperature": temperature, "ignore_eos": True, "seed": 1,
     })
     assert reply.status_code == 200, reply.text
@@ -76,15 +80,17 @@ def test_drafts_are_accepted_exactly_at_the_set_rates(http: httpx.Client, method
 
 def test_synthetic_engines_are_labelled_in_models_and_metrics(http: httpx.Client) -> None:
     cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
-    for method in ENGINES:
-        assert cards[f"{MODEL}:{method}"]["synthetic"] is True
+    for engine in ENGINES:
+        assert cards[engine]["synthetic"] is True
     assert cards[f"{MODEL}:none"]["synthetic"] is False
-    info = {s.labels["method"]: s.labels for s in samples(http, "specgate_engine_info") if s.value == 1}
-    for method, (spec_method, _, rates) in ENGINES.items():
-        assert info[method]["synthetic"] == "true"
-        assert info[method]["speculative_method"] == spec_method
-        assert info[method]["num_speculative_tokens"] == str(len(rates))
-    assert info["none"]["synthetic"] == "false" and info["none"]["num_speculative_tokens"] == ""
+    info = {f"{s.labels['model']}:{s.labels['method']}": s.labels
+            for s in samples(http, "specgate_engine_info") if s.value == 1}
+    for engine, (spec_method, _, rates) in ENGINES.items():
+        assert info[engine]["synthetic"] == "true"
+        assert info[engine]["speculative_method"] == spec_method
+        assert info[engine]["num_speculative_tokens"] == str(len(rates))
+    baseline_info = info[f"{MODEL}:none"]
+    assert baseline_info["synthetic"] == "false" and baseline_info["num_speculative_tokens"] == ""
     baseline = http.post("/v1/chat/completions", json={
         "model": f"{MODEL}:none", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})
     assert baseline.json()["specgate"]["synthetic"] is False
