@@ -6,7 +6,7 @@ whatever the drafter, so greedy output must still equal the target's own.
 Kinds: `eagle3` and `dflash` (random weights), and their constant-token probes
 `eagle3-probe` and `dflash-probe`: a draft vocabulary of one token, so every draft
 is that token and the accepted drafts of a greedy request are known exactly from
-the baseline's output (each output token after the first that equals it).
+the baseline's output (docs/methods.md, "The probe").
 `draft-model[-probe]` is a small independent model (`method: draft_model`), `dspark`
 a DSpark drafter (validated by vLLM, not runnable on CPU). `mimo-mtp[-probe]` and
 `gemma4` are targets, not drafters: the target with an MTP layer, for `method: mtp`
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 GENERATED_PREFIX = "generated:"
-# mimo-mtp*: not a drafter but a target with an MTP layer (vLLM's `method: mtp`), see _mimo.
+# Targets, not drafters: mimo-mtp* has an MTP layer (vLLM's `method: mtp`, see _mimo); gemma4 is for the assistants.
 DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe", "draft-model", "draft-model-probe", "dspark",
                  "gemma4-assistant", "gemma4-assistant-probe")
 TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe", "gemma4")

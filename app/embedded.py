@@ -104,8 +104,8 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
 
 
 def _resolve_target(value: str, where: str, cache_dir: Path) -> str:
-    """`generated:<target kind>`, e.g. `generated:mimo-mtp`: the embedded model
-    re-packaged with an MTP layer (app/drafters.py)."""
+    """`generated:<target kind>`: a target made from the embedded model (app/drafters.py),
+    its MiMo re-packaging with an MTP layer (`mimo-mtp`) or a tiny Gemma-4 (`gemma4`)."""
     from app.drafters import GENERATED_PREFIX, TARGET_KINDS, generated_drafter
 
     if not value.startswith(GENERATED_PREFIX):
@@ -125,7 +125,7 @@ def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
         return resolve_embedded(value, where, cache_dir)
     kind = value.removeprefix(GENERATED_PREFIX)
     if kind in TARGET_KINDS:
-        raise ConfigError(f"{where}: '{kind}' is a target with an MTP layer, not a drafter: "
+        raise ConfigError(f"{where}: '{kind}' is a generated target, not a drafter: "
                           f"make it the model's target ('target: generated:{kind}')")
     if kind not in DRAFTER_KINDS:
         raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(DRAFTER_KINDS)})")

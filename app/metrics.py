@@ -69,8 +69,7 @@ class RouteDecision:
     knew when it chose (docs/auto.md)."""
 
     policy: str  # "explicit", "header", "default", "auto", "ab" or "shadow"
-    # e.g. "requested", "best_estimate", "running", "incumbent", "exploration", "prior", "cold_start", "weight"
-    reason: str
+    reason: str  # e.g. "requested", "best_estimate", "running", "exploration", "prior", "cold_start", "weight"
     bucket: str | None = None  # the request's feature bucket, when its model learns
     load: int | None = None  # requests at the chosen engine when it was chosen
     objective: str | None = None

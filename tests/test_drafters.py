@@ -190,7 +190,7 @@ def test_a_generated_target_that_is_a_drafter_names_the_key(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("kind", "message"), [("medusa", "unknown generated drafter"),
-                                               ("mimo-mtp", "is a target with an MTP layer"),
+                                               ("mimo-mtp", "is a generated target, not a drafter"),
                                                ("gemma4-assistant", "needs a Gemma-4 text target")])
 def test_wrong_generated_drafter_names_the_key(tmp_path: Path, kind: str, message: str) -> None:
     raw = {"models": {"m": {"target": str(target_folder()), "default_method": "e", "methods": {

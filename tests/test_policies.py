@@ -197,24 +197,6 @@ def test_a_busy_shared_device_keeps_its_method_unless_another_is_clearly_better(
     assert (method, decision.reason) == expected
 
 
-@pytest.mark.parametrize(("ngram_rate", "expected"), [(10.3, ("none", "incumbent")),
-                                                     (11.0, ("ngram", "best_estimate"))])
-def test_an_idle_shared_device_keeps_the_method_last_chosen_unless_another_is_clearly_better(
-    ngram_rate: float, expected: tuple[str, str]
-) -> None:
-    policy = AutoPolicy(METHODS, AutoConfig(exploration=0, switch_margin=0.05))
-    request = request_for(LOG[0])
-    bucket = request.features.bucket
-    observe_rate(policy, "none", bucket, 8, 20.0)
-    observe_rate(policy, "ngram", bucket, 8, 10.0)
-    assert policy.choose(request, loads(none=EngineLoad(True, False, 8)))[0] == "none"  # chosen under load
-    observe_rate(policy, "none", bucket, 0, 10.0)
-    observe_rate(policy, "ngram", bucket, 0, ngram_rate)
-    method, decision = policy.choose(request, loads())  # the device is idle again: the start of a burst
-    assert (method, decision.reason) == expected
-    assert policy.choose(request, loads())[0] == expected[0]  # the new choice is the incumbent now
-
-
 def test_a_busy_shared_device_explores_only_what_its_cell_has_not_measured() -> None:
     policy = AutoPolicy(METHODS, AutoConfig(exploration=0.5, seed=7))
     request = request_for(LOG[0])

@@ -14,9 +14,8 @@ not only from its own choices.
 Engines that share one device (`shared_device`, the default; always so on CPU)
 are not independent servers: a request sent to an idle engine slows every request
 of the busy one. So there the load is the model's total, a busy device keeps the
-method it is running, and an idle one the method last chosen for requests like
-this one, unless another is `switch_margin` better; and a method already measured
-in the request's cell is explored only while the device is idle.
+method it is running unless another is `switch_margin` better, and a method
+already measured in the request's cell is explored only while the device is idle.
 """
 
 from __future__ import annotations
@@ -91,7 +90,6 @@ class AutoPolicy:
         self._random = random.Random(config.seed)
         fallback = config.fallback or (BASELINE_METHOD if BASELINE_METHOD in self.methods else self.methods[0])
         self.fallback = fallback
-        self._last: dict[str, str] = {}  # bucket -> the method last chosen for it, exploration aside
 
     def choose(self, request: RouteRequest, loads: dict[str, EngineLoad]) -> tuple[str, RouteDecision]:
         bucket = request.features.bucket
@@ -101,8 +99,6 @@ class AutoPolicy:
         explorable = self._explorable([m for m in candidates if m != method], bucket, loads)
         if explorable and self._random.random() < self.config.exploration:
             method, reason = self._least_sampled(explorable, bucket, loads), "exploration"
-        else:
-            self._last[bucket] = method
         decision = RouteDecision(
             policy=self.name,
             reason=reason,
@@ -127,27 +123,16 @@ class AutoPolicy:
         if not known:
             return (self.fallback if self.fallback in candidates else candidates[0]), "cold_start"
         best = max(known, key=lambda m: known[m])
-        incumbent, why = self._incumbent(candidates, bucket, loads)
+        running = self._running(candidates, loads)
         margin = 1 + self.config.switch_margin
-        if incumbent not in (None, best) and incumbent in known and known[incumbent] * margin >= known[best]:
-            return str(incumbent), why
+        if running is not None and running != best and running in known and known[running] * margin >= known[best]:
+            return running, "running"
         return best, "best_estimate" if self._measured(best, bucket) else "prior"
 
-    def _incumbent(self, candidates: list[str], bucket: str, loads: dict[str, EngineLoad]) -> tuple[str | None, str]:
-        """On a shared device, what a switch would leave: the method the device runs
-        now (`running`), or on an idle device the one last chosen for this bucket
-        (`incumbent`: a burst arriving at an idle device then starts on the method the
-        load it brings favoured before, not on a near-tie of the idle estimates)."""
-        if not self.config.shared_device:
-            return None, ""
-        running = self._running(candidates, loads)
-        if running is not None:
-            return running, "running"
-        last = self._last.get(bucket)
-        return (last, "incumbent") if last in candidates else (None, "")
-
     def _running(self, candidates: list[str], loads: dict[str, EngineLoad]) -> str | None:
-        """The one candidate that holds the most requests now, if any holds one."""
+        """On a shared device, the one candidate that holds the most requests now."""
+        if not self.config.shared_device:
+            return None
         busiest = max(loads[m].busy for m in candidates)
         holders = [m for m in candidates if loads[m].busy == busiest]
         return holders[0] if busiest > 0 and len(holders) == 1 else None
