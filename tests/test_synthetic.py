@@ -1,7 +1,8 @@
 """Synthetic acceptance (vLLM's `rejection_sample_method: synthetic`) on this
 machine, through specgate's vLLM plugin (app/engines/vllm_plugin.py): engines with
-random generated EAGLE-3 and DFlash drafters, and native MTP on the MiMo
-re-packaging with a random MTP layer, accept drafts at set per-position rates.
+random generated EAGLE-3 and DFlash drafters, native MTP on the MiMo re-packaging
+with a random MTP layer, and a random Gemma-4 MTP assistant on a tiny generated
+Gemma-4, accept drafts at set per-position rates.
 Rates of 1 then 0 make the acceptance exact, so every step's record is known; the
 engines are labelled synthetic in the record, /v1/models and /metrics."""
 
@@ -18,12 +19,16 @@ from tests.gateway import GatewayProcess, embedded_model, running_gateway, write
 
 MODEL = "smollm2"
 MIMO = "mimo"  # the embedded model re-packaged as MiMo, with a random MTP layer
+GEMMA = "gemma"  # a tiny random Gemma-4, for a random Gemma-4 MTP assistant
+TARGETS = {MIMO: "generated:mimo-mtp", GEMMA: "generated:gemma4"}
 # engine -> (vLLM method, random generated drafter or None, per-position rates)
 ENGINES = {
     f"{MODEL}:eagle3-synthetic": ("eagle3", "eagle3", [1.0, 1.0, 0.0]),
     f"{MODEL}:dflash-synthetic": ("dflash", "dflash", [1.0, 1.0, 1.0, 0.0]),
     f"{MIMO}:mtp-synthetic": ("mtp", None, [1.0, 0.0]),
+    f"{GEMMA}:mtp-synthetic": ("mtp", "gemma4-assistant", [1.0, 1.0, 0.0]),
 }
+KV_BYTES = 256 * 1024 * 1024  # six engines: a quarter of the default KV budget each
 PROMPT = "Tell me about the history of Rome."
 
 
@@ -34,14 +39,17 @@ def accepted_per_step(rates: list[float]) -> int:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("synthetic")
-    methods: dict[str, dict[str, Any]] = {MODEL: {"none": {}}, MIMO: {}}
+    methods: dict[str, dict[str, Any]] = {MODEL: {"none": {}}, MIMO: {}, GEMMA: {}}
     for engine, (method, kind, rates) in ENGINES.items():
         model, _, name = engine.partition(":")
         spec = {"method": method, "num_speculative_tokens": len(rates), "rejection_sample_method": "synthetic",
                 "synthetic_acceptance_rates": rates, **({"model": f"generated:{kind}"} if kind else {})}
         methods[model][name] = {"speculative_config": spec}
-    models = {MODEL: embedded_model(default_method="none", methods=methods[MODEL]),
-              MIMO: embedded_model(target="generated:mimo-mtp", default_method="mtp-synthetic", methods=methods[MIMO])}
+    engine = {**embedded_model()["engine"], "kv_cache_memory_bytes": KV_BYTES}
+    models = {MODEL: embedded_model(engine=engine, default_method="none", methods=methods[MODEL])}
+    for model, target in TARGETS.items():
+        models[model] = embedded_model(target=target, engine=engine, default_method="mtp-synthetic",
+                                       methods=methods[model])
     with running_gateway(tmp / "gateway.log", write_config(tmp / "synthetic.yaml", models)) as gw:
         yield gw
 
