@@ -243,6 +243,10 @@ class AutoConfig(_Strict):
     switch_margin: float = Field(
         default=0.05, ge=0, le=1, description="On a busy shared device, how much better another method must be."
     )
+    load_window_s: float = Field(
+        default=10.0, ge=0, description="A request is expected to meet at least the mean load that the requests "
+        "ended within this many seconds met over their lives (0: the load when it arrives).",
+    )
     seed: int | None = Field(default=None, description="Seed of the exploration draws (tests, benchmarks).")
 
     @field_validator("priors")

@@ -71,7 +71,9 @@ class RouteDecision:
     policy: str  # "explicit", "header", "default", "auto", "ab" or "shadow"
     reason: str  # e.g. "requested", "best_estimate", "running", "exploration", "prior", "cold_start", "weight"
     bucket: str | None = None  # the request's feature bucket, when its model learns
-    load: int | None = None  # requests at the chosen engine when it was chosen
+    load: int | None = None  # requests at the chosen engine (the device, when shared) when it was chosen
+    expected_load: float | None = None  # the load `auto` expected it to meet over its life
+    load_met: float | None = None  # the mean load it met over its life, measured when it ended
     objective: str | None = None
     estimate: float | None = None  # expected objective value of the chosen method
     estimates: tuple[tuple[str, float | None], ...] = ()  # every candidate's
@@ -82,6 +84,8 @@ class RouteDecision:
             "reason": self.reason,
             "bucket": self.bucket,
             "load": self.load,
+            "expected_load": self.expected_load,
+            "load_met": self.load_met,
             "objective": self.objective,
             "estimate": self.estimate,
             "estimates": dict(self.estimates) if self.estimates else None,

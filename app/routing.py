@@ -21,6 +21,7 @@ from app.metrics import RequestRecord, RouteDecision
 from app.policies.ab import ABPolicy
 from app.policies.auto import AutoPolicy
 from app.policies.base import EngineLoad, LoadView, RouteRequest
+from app.policies.load import LoadMeter
 
 METHOD_HEADER = "X-Spec-Method"
 
@@ -91,6 +92,11 @@ class Router:
     def learner(self, model: str) -> AutoPolicy | None:
         entry = self._models.get(model)
         return entry.learner if entry else None
+
+    def meter(self, model: str) -> LoadMeter | None:
+        """The load meter of a model that learns (its `auto`'s)."""
+        learner = self.learner(model)
+        return learner.meter if learner else None
 
     def route(self, requested: str, method_header: str | None = None, request: RouteRequest | None = None) -> Route:
         name, _, method = requested.partition(":")

@@ -14,6 +14,7 @@ from app.config import Limits
 from app.engines.base import EngineId, EngineTimeoutError
 from app.engines.clock import RequestClock
 from app.metrics import GatewayMetrics
+from app.policies.load import LoadMeter
 
 pytestmark = pytest.mark.unit
 
@@ -112,5 +113,37 @@ def test_clock_idle_and_total_limits() -> None:
         with pytest.raises(EngineTimeoutError, match="total_timeout_s"):
             await wait(total, 0.06)  # ...but the total runs out
         await wait(clock(idle_timeout_s=1), 0.01)
+
+    asyncio.run(scenario())
+
+
+def test_the_load_meter_counts_every_request_from_arrival_to_end() -> None:
+    """Queued requests count (they meet the load too); refused ones never do."""
+
+    async def scenario() -> None:
+        meter = LoadMeter(shared=True)
+        adm = Admission(ENGINE, Limits(max_in_flight=1, max_queued=1), GatewayMetrics(), meter)
+
+        def agrees() -> bool:
+            return meter.busy == adm.in_flight + adm.queued
+
+        held = await adm.enter(clock())
+        order: list[int] = []
+        waiting = asyncio.create_task(enter_later(adm, order, 0))
+        await asyncio.sleep(0.01)
+        assert meter.busy == 2 and agrees()
+        with pytest.raises(OverloadedError):
+            await adm.enter(clock())
+        assert meter.busy == 2 and adm.try_enter() is None
+        waiting.cancel()
+        await asyncio.sleep(0.01)
+        assert meter.busy == 1 and agrees()
+        held()
+        held()
+        assert meter.busy == 0 and agrees()
+        shadow = adm.try_enter()
+        assert shadow is not None and meter.busy == 1
+        shadow()
+        assert meter.busy == 0
 
     asyncio.run(scenario())

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     tmp = tmp_path_factory.mktemp("auto")
     model = embedded_model(
         default_method="auto",
-        auto={"exploration": 0.1, "min_samples": 3, "seed": 11},
+        auto={"exploration": 0.1, "min_samples": 3, "seed": 11, "load_window_s": 120},
         ab={"weights": AB_WEIGHTS, "seed": 12},
         shadow={"method": "ngram", "share": 0.5, "max_in_flight": 1, "start": "after_primary", "seed": 13},
     )
@@ -202,3 +203,26 @@ def test_prometheus_evaluates_the_policy_panels(http: httpx.Client, gateway: Gat
                 assert max(float(r["value"][1]) for r in result) > 0, expr
     finally:
         prom.stop()
+
+
+def test_every_record_says_the_load_it_met_and_auto_expects_it(http: httpx.Client) -> None:
+    """Last in the module: the burst's loads stay in `auto`'s window (120 s here)."""
+    settle(http)
+
+    def send(i: int) -> dict[str, Any]:
+        body = {"model": f"{MODEL}:none", "messages": [{"role": "user", "content": f"Describe {i} cities."}],
+                "max_tokens": 24, "temperature": 0}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        route: dict[str, Any] = reply.json()["specgate"]["route"]
+        return route
+
+    with ThreadPoolExecutor(4) as pool:
+        burst = list(pool.map(send, range(4)))
+    met = sorted(route["load_met"] for route in burst)
+    print(f"loads met by a burst of 4: {met}")
+    assert met[0] > 0 and met[-1] > 1.5  # the first to end ran beside the 3 others nearly all its life
+    assert all(route["load_met"] <= 3 for route in burst)
+    # The next request arrives at an idle gateway, yet `auto` expects what the burst met.
+    route = ask(http, MODEL, [{"role": "user", "content": "Name a colour."}])["specgate"]["route"]
+    assert route["load"] == 0 and route["expected_load"] > 0

@@ -13,9 +13,9 @@ from vllm.entrypoints.generate.base.protocol import PerRequestMetrics, Speculati
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
 from app.bench.client import RequestSettings, Target
-from app.bench.records import Load, SpecSample
-from app.bench.runner import BenchError, default_baseline, resolve_targets
-from app.bench.stats import Acceptance, CellSummary, Latency
+from app.bench.records import Load, RequestResult, SpecSample
+from app.bench.runner import BenchError, default_baselines, resolve_targets
+from app.bench.stats import Acceptance, CellSummary, Latency, summarize
 from app.bench.tune import TunePlan, candidate_config, candidates, default_ns, pick_best, snippet
 from app.bench.workloads import chat
 from app.config import MethodConfig, parse_config
@@ -33,11 +33,15 @@ VLLM_CARDS: list[dict[str, Any]] = [{"id": "smollm2", "object": "model", "owned_
 def test_targets_of_one_gateway_model_and_its_baseline() -> None:
     targets = resolve_targets(GATEWAY_CARDS, model="m")
     assert targets == (Target("m:none", "none", None), Target("m:ngram", "ngram", 4))
-    assert default_baseline(targets) == "m:none"
+    assert default_baselines(targets) == ("m:none",)
 
 
 def test_targets_default_to_every_engine_and_explicit_ones_are_checked() -> None:
-    assert [t.model for t in resolve_targets(GATEWAY_CARDS)] == ["m:none", "m:ngram", "other:none"]
+    everything = resolve_targets(GATEWAY_CARDS)
+    assert [t.model for t in everything] == ["m:none", "m:ngram", "other:none"]
+    # Two models: rows are named by the whole target, and each model has its baseline.
+    assert [t.method for t in everything] == ["m:none", "m:ngram", "other:none"]
+    assert default_baselines(everything) == ("m:none", "other:none")
     assert resolve_targets(GATEWAY_CARDS, targets=["m:ngram"]) == (Target("m:ngram", "ngram", 4),)
     with pytest.raises(BenchError, match=r"unknown target\(s\) m:eagle3"):
         resolve_targets(GATEWAY_CARDS, targets=["m:eagle3"])
@@ -45,10 +49,22 @@ def test_targets_default_to_every_engine_and_explicit_ones_are_checked() -> None
         resolve_targets(GATEWAY_CARDS, model="x")
 
 
+def test_each_model_is_sped_up_against_its_own_baseline() -> None:
+    def result(target: str, e2e_s: float) -> RequestResult:
+        return RequestResult(target=target, method=target, num_speculative_tokens=None, workload="chat",
+                             load=Load("concurrency", 1), prompt_id="p", start_s=0.0, e2e_s=e2e_s, output_tokens=10)
+
+    results = [result("a:none", 1.0), result("a:ngram", 0.5), result("b:none", 2.0), result("b:ngram", 1.0)]
+    own = {c.target: c.speedup for c in summarize(results, ("a:none", "b:none"))}
+    assert own == {"a:none": 1.0, "a:ngram": 2.0, "b:none": 1.0, "b:ngram": 2.0}
+    one = {c.target: c.speedup for c in summarize(results, "a:none")}  # one baseline given: it serves all
+    assert one == {"a:none": 1.0, "a:ngram": 2.0, "b:none": 0.5, "b:ngram": 1.0}
+
+
 def test_a_plain_server_is_benched_by_its_listed_models_without_baseline() -> None:
     targets = resolve_targets(VLLM_CARDS)
     assert targets == (Target("smollm2", "smollm2", None),)
-    assert default_baseline(targets) is None
+    assert default_baselines(targets) == ()
 
 
 def test_spec_sample_from_specgate_record() -> None:

@@ -4,7 +4,9 @@
 memory is bounded by in-flight + queued requests whatever the clients send.
 
 A place is held from admission until the request's tracker ends (answer, error,
-timeout or disconnect), then handed to the oldest waiter.
+timeout or disconnect), then handed to the oldest waiter. A model's `LoadMeter`
+(app/policies/load.py) counts every request from its arrival to its end, queued
+or not, so each record says the load it met.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from app.config import Limits
 from app.engines.base import EngineId, EngineTimeoutError
 from app.engines.clock import RequestClock
 from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
+from app.policies.load import LoadMeter
 
 
 class Admission:
-    def __init__(self, engine: EngineId, limits: Limits, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, engine: EngineId, limits: Limits, metrics: GatewayMetrics, meter: LoadMeter | None = None
+    ) -> None:
         self.engine = engine
         self.limits = limits
+        self.meter = meter
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._queued_gauge = metrics.queued.labels(engine.model, engine.method)
@@ -44,6 +50,7 @@ class Admission:
         """Take a place (waiting for one if the queue has room); returns its release."""
         if not self.full:
             self.in_flight += 1
+            self._count(1)
             return self._release_once()
         if len(self._waiters) >= self.limits.max_queued:
             self._rejected.inc()
@@ -52,7 +59,12 @@ class Admission:
                 f"{self.limits.max_queued} queued); retry later",
                 headers={"Retry-After": str(self.limits.retry_after_s)},
             )
-        await self._wait(clock)
+        self._count(1)
+        try:
+            await self._wait(clock)
+        except BaseException:
+            self._count(-1)
+            raise
         return self._release_once()
 
     async def _wait(self, clock: RequestClock) -> None:
@@ -77,6 +89,7 @@ class Admission:
         if self.full:
             return None
         self.in_flight += 1
+        self._count(1)
         return self._release_once()
 
     def _release_once(self) -> Callable[[], None]:
@@ -86,9 +99,14 @@ class Admission:
             nonlocal released
             if not released:
                 released = True
+                self._count(-1)
                 self._release()
 
         return release
+
+    def _count(self, delta: int) -> None:
+        if self.meter is not None:
+            self.meter.change(self.engine.method, delta)
 
     def _release(self) -> None:
         while self._waiters:
@@ -115,10 +133,15 @@ async def admit(
     """Wait for a place; the tracker then carries the route decision into the record
     and hands the finished record to `on_record` (the router's learning)."""
     clock = RequestClock(admission.engine, admission.limits)
+    meter, method = admission.meter, admission.engine.method
+    mark = meter.mark() if meter is not None else None
     try:
         release = await admission.enter(clock)
     except EngineTimeoutError as exc:
         metrics.rejected.labels(admission.engine.model, admission.engine.method, "queue_timeout").inc()
         raise GatewayTimeoutError(str(exc)) from None
-    tracker = RequestTracker(metrics, admission.engine, request_id, on_end=release, route=route, on_record=on_record)
+    load_met = (lambda: meter.met_since(mark, method)) if meter is not None and mark is not None else None
+    tracker = RequestTracker(
+        metrics, admission.engine, request_id, on_end=release, route=route, on_record=on_record, load_met=load_met
+    )
     return Admitted(clock, tracker)

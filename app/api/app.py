@@ -18,6 +18,7 @@ from app.api.security import install_security
 from app.api.shadow import Shadows
 from app.api.state import GatewayState, PoolLoads
 from app.config import Settings, SpecgateConfig
+from app.engines.base import EngineId
 from app.engines.collector import EngineCollector
 from app.engines.pool import EnginePool
 from app.metrics import GatewayMetrics
@@ -30,11 +31,11 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     metrics.register(EngineCollector(pool))
     for engine in pool:
         metrics.add_engine(engine.id.model, engine.id.method, engine.info.num_speculative_tokens)
-    admissions = {
-        engine.id: Admission(engine.id, config.models[engine.id.model].limits_for(engine.id.method), metrics)
-        for engine in pool
-    }
+    admissions: dict[EngineId, Admission] = {}
     router = Router.from_config(config, PoolLoads(pool, admissions))
+    for engine in pool:
+        limits = config.models[engine.id.model].limits_for(engine.id.method)
+        admissions[engine.id] = Admission(engine.id, limits, metrics, router.meter(engine.id.model))
     state = GatewayState(settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions,
                          shadows=Shadows(config, metrics))
 

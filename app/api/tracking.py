@@ -23,6 +23,7 @@ class RequestTracker:
         on_end: Callable[[], None] | None = None,
         route: RouteDecision | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
+        load_met: Callable[[], float | None] | None = None,
     ) -> None:
         self._metrics = metrics
         self._engine = engine
@@ -30,6 +31,7 @@ class RequestTracker:
         self._on_end = on_end
         self.route = route
         self._on_record = on_record
+        self._load_met = load_met
         self._ended = False
         self.done = asyncio.Event()  # set when the request has ended, however it ended
         metrics.in_flight.labels(engine.model, engine.method).inc()
@@ -37,7 +39,11 @@ class RequestTracker:
     def finish(self, record: RequestRecord) -> RequestRecord:
         """End with the engine's record; returns it with the route decision, as the
         client, the metrics and the routing policy all get it."""
-        record = replace(record, route=self.route)
+        route = self.route
+        if route is not None and self._load_met is not None:
+            met = self._load_met()
+            route = replace(route, load_met=None if met is None else round(met, 2))
+        record = replace(record, route=route)
         if self._end():
             self._metrics.observe(record)
             if self._on_record is not None:

@@ -143,6 +143,7 @@ def _result(target: Target, prompt: Prompt, load: Load, t0: float, stream: _Stre
         error=error,
         served_by=record.get("method"),
         route_reason=(record.get("route") or {}).get("reason"),
+        load_met=(record.get("route") or {}).get("load_met"),
     )
 
 

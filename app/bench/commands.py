@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 
 from app.bench import report
-from app.bench.client import RequestSettings
+from app.bench.client import RequestSettings, Target
 from app.bench.records import Load, RequestResult
-from app.bench.runner import BenchError, BenchPlan, default_baseline, fetch_models, resolve_targets, run_bench
+from app.bench.runner import BenchError, BenchPlan, default_baselines, fetch_models, resolve_targets, run_bench
 from app.bench.stats import CellSummary, summarize
 from app.bench.tune import TunePlan, default_ns, pick_best, run_tune, snippet, summarize_tune
 from app.bench.workloads import load_workload
@@ -50,7 +50,7 @@ def add_bench_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway, or any OpenAI-compatible server")
     cmd.add_argument("--model", help="bench every engine of this gateway model (default: every engine listed)")
     cmd.add_argument("--targets", type=_names, default=(), help="comma-separated `model` values, e.g. smollm2:ngram")
-    cmd.add_argument("--baseline", help="target that counts as 1.00x (default: the `none` engine)")
+    cmd.add_argument("--baseline", help="target that counts as 1.00x (default: each model's `none` engine)")
     cmd.add_argument("--workloads", type=_names, default=("edit", "chat"), help="code, edit, math, chat or .jsonl")
     cmd.add_argument("--concurrency", type=_ints, default=None, help="closed loop levels, e.g. 1,4,16 (default 1,4)")
     cmd.add_argument("--rate", type=_floats, default=(), help="open loop: Poisson request rates per second")
@@ -90,8 +90,9 @@ def bench_command(args: argparse.Namespace, console: Console) -> int:
     out = args.out or _default_out("bench")
     if args.replay is not None:
         results = report.read_jsonl(args.replay)
-        baseline = args.baseline or next((r.target for r in results if r.method == "none"), None)
-        _finish(console, summarize(results, baseline), results, out, f"bench replay of {args.replay}")
+        found = default_baselines([Target(r.target, r.method) for r in results])
+        baselines = (args.baseline,) if args.baseline else found
+        _finish(console, summarize(results, baselines), results, out, f"bench replay of {args.replay}")
         return 0
     cards = fetch_models(args.url, args.api_key)
     targets = resolve_targets(cards, args.targets, args.model)
@@ -99,7 +100,7 @@ def bench_command(args: argparse.Namespace, console: Console) -> int:
     plan = BenchPlan(
         url=args.url.rstrip("/"),
         targets=targets,
-        baseline=args.baseline or default_baseline(targets),
+        baselines=(args.baseline,) if args.baseline else default_baselines(targets),
         workloads=tuple(load_workload(w, args.requests, args.seed) for w in args.workloads),
         loads=loads + tuple(Load("rate", r) for r in args.rate),
         settings=_settings(args),
@@ -108,7 +109,7 @@ def bench_command(args: argparse.Namespace, console: Console) -> int:
         api_key=args.api_key,
     )
     results = run_bench(plan, console)
-    _finish(console, summarize(results, plan.baseline), results, out, f"specgate bench {plan.url}")
+    _finish(console, summarize(results, plan.baselines), results, out, f"specgate bench {plan.url}")
     return 1 if any(not r.ok for r in results) else 0
 
 

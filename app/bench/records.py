@@ -57,6 +57,11 @@ class SpecSample(SpecCounts):
         return None
 
 
+def model_root(target: str) -> str:
+    """The model of a target: `smollm2` of `smollm2:ngram`."""
+    return target.partition(":")[0]
+
+
 @dataclass(frozen=True)
 class RequestResult:
     target: str  # the `model` sent, e.g. "smollm2:ngram"
@@ -75,6 +80,7 @@ class RequestResult:
     error: str | None = None
     served_by: str | None = None  # the method that answered, from specgate's record (`auto`/`ab` targets choose)
     route_reason: str | None = None  # why the gateway routed it there (docs/api.md, `route.reason`)
+    load_met: float | None = None  # the mean load it met over its life, by specgate's record (`route.load_met`)
 
     @property
     def ok(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from app.bench.client import TIMEOUT, RequestSettings, Target, run_load
-from app.bench.records import Load, RequestResult
+from app.bench.records import Load, RequestResult, model_root
 from app.bench.workloads import Workload
 
 BASELINE_METHODS = frozenset({"none"})
@@ -31,7 +31,7 @@ class BenchError(RuntimeError):
 class BenchPlan:
     url: str
     targets: tuple[Target, ...]
-    baseline: str | None  # target model string whose tok/s is 1.00x
+    baselines: tuple[str, ...]  # targets whose tok/s is 1.00x: one per model (summarize)
     workloads: tuple[Workload, ...]
     loads: tuple[Load, ...]
     settings: RequestSettings = field(default_factory=RequestSettings)
@@ -57,7 +57,18 @@ def resolve_targets(
     cards: Sequence[dict[str, Any]], targets: Sequence[str] = (), model: str | None = None
 ) -> tuple[Target, ...]:
     """Explicit targets, else every engine of `model` (a specgate gateway lists its
-    engines as `model:method` cards), else every model a plain server lists."""
+    engines as `model:method` cards), else every model a plain server lists. Rows
+    are named by method, or by the whole target when the targets span models."""
+    return _labelled(_resolve(cards, targets, model))
+
+
+def _labelled(targets: tuple[Target, ...]) -> tuple[Target, ...]:
+    if len({model_root(t.model) for t in targets}) <= 1:
+        return targets
+    return tuple(replace(t, method=t.model) for t in targets)
+
+
+def _resolve(cards: Sequence[dict[str, Any]], targets: Sequence[str], model: str | None) -> tuple[Target, ...]:
     by_id = {str(card["id"]): card for card in cards}
     if targets:
         unknown = [t for t in targets if t not in by_id]
@@ -80,8 +91,13 @@ def _target(model_id: str, card: dict[str, Any]) -> Target:
     return Target(model_id, str(method), int(n) if n is not None else None)
 
 
-def default_baseline(targets: Sequence[Target]) -> str | None:
-    return next((t.model for t in targets if t.method in BASELINE_METHODS), None)
+def default_baselines(targets: Sequence[Target]) -> tuple[str, ...]:
+    """The first baseline engine (`none`) of each model among the targets."""
+    found: dict[str, str] = {}
+    for t in targets:
+        if t.method.rpartition(":")[2] in BASELINE_METHODS:
+            found.setdefault(model_root(t.model), t.model)
+    return tuple(found.values())
 
 
 async def _run(plan: BenchPlan, console: Console) -> list[RequestResult]:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.bench.records import Load, RequestResult, SpecSample
+from app.bench.records import Load, RequestResult, SpecSample, model_root
 from app.metrics import SpecCounts
 
 PERCENTILES = (50, 90, 99)
@@ -138,14 +138,22 @@ def _cell(results: Sequence[RequestResult], speedup_base: float | None) -> CellS
     )
 
 
-def summarize(results: Sequence[RequestResult], baseline: str | None) -> list[CellSummary]:
+def summarize(results: Sequence[RequestResult], baseline: str | Sequence[str] | None) -> list[CellSummary]:
     """One summary per (workload, load, target), in first-seen order; speed-up
-    against the `baseline` target's cell of the same workload and load."""
+    against a baseline target's cell of the same workload and load: the one of the
+    same model (`model:none`), else the only one given."""
+    baselines = (baseline,) if isinstance(baseline, str) else tuple(baseline or ())
     cells: dict[tuple[str, Load, str], list[RequestResult]] = {}
     for result in results:
         cells.setdefault((result.workload, result.load, result.target), []).append(result)
-    base_rates: dict[tuple[str, Load], float | None] = {}
-    for (workload, load, target), group in cells.items():
-        if target == baseline:
-            base_rates[(workload, load)] = _cell(group, None).output_tokens_per_s
-    return [_cell(group, base_rates.get((workload, load))) for (workload, load, _), group in cells.items()]
+    base_rates = {
+        (workload, load, target): _cell(group, None).output_tokens_per_s
+        for (workload, load, target), group in cells.items() if target in baselines
+    }
+
+    def base_rate(workload: str, load: Load, target: str) -> float | None:
+        same = [b for b in baselines if model_root(b) == model_root(target)]
+        base = same[0] if same else (baselines[0] if len(baselines) == 1 else None)
+        return base_rates.get((workload, load, base)) if base is not None else None
+
+    return [_cell(group, base_rate(*key)) for key, group in cells.items()]

@@ -104,7 +104,7 @@ def _run_candidate(plan: TunePlan, candidate: Candidate, console: Console) -> li
         bench = BenchPlan(
             url=gateway.url,
             targets=(Target(f"{plan.model}:{candidate.name}", candidate.name, candidate.n),),
-            baseline=None,
+            baselines=(),
             workloads=(plan.workload,),
             loads=(Load("concurrency", plan.concurrency),),
             settings=plan.settings,

@@ -16,24 +16,30 @@ are not independent servers: a request sent to an idle engine slows every reques
 of the busy one. So there the load is the model's total, a busy device keeps the
 method it is running unless another is `switch_margin` better, and a method
 already measured in the request's cell is explored only while the device is idle.
+
+Load means the load a request meets over its life (app/policies/load.py): records
+are learnt at the load they met, and a new request is expected to meet at least
+what the requests that ended in the last `load_window_s` met.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.config import BASELINE_METHOD, AutoConfig
 from app.metrics import RequestRecord, RouteDecision
 from app.policies.base import EngineLoad, RouteRequest, eligible
+from app.policies.load import Clock, LoadMeter, RecentLoads
 
 LOAD_BANDS = ((0, "idle"), (1, "low"), (4, "mid"), (16, "high"))  # requests already at the engine
 
 Cell = tuple[str, ...]
 
 
-def load_band(busy: int) -> str:
+def load_band(busy: float) -> str:
     band = LOAD_BANDS[0][1]
     for lower, name in LOAD_BANDS:
         if busy >= lower:
@@ -83,10 +89,12 @@ class Estimates:
 class AutoPolicy:
     name = "auto"
 
-    def __init__(self, methods: Sequence[str], config: AutoConfig) -> None:
+    def __init__(self, methods: Sequence[str], config: AutoConfig, clock: Clock = time.monotonic) -> None:
         self.methods = list(config.methods or methods)
         self.config = config
         self.estimates = Estimates(config.memory)
+        self.meter = LoadMeter(config.shared_device, clock)
+        self._recent = {key: RecentLoads(config.load_window_s, clock) for key in self._load_keys(methods)}
         self._random = random.Random(config.seed)
         fallback = config.fallback or (BASELINE_METHOD if BASELINE_METHOD in self.methods else self.methods[0])
         self.fallback = fallback
@@ -104,6 +112,7 @@ class AutoPolicy:
             reason=reason,
             bucket=bucket,
             load=self.load_of(method, loads),
+            expected_load=round(self.expected_load(method, loads), 2),
             objective=self.config.objective,
             estimate=_round(values.get(method)),
             estimates=tuple((m, _round(v)) for m, v in values.items()),
@@ -115,6 +124,19 @@ class AutoPolicy:
         if self.config.shared_device:
             return sum(load.busy for load in loads.values())
         return loads[method].busy
+
+    def expected_load(self, method: str, loads: dict[str, EngineLoad]) -> float:
+        """The load a request on `method` will meet: at least its load now, and at
+        least what the requests that ended lately met over their lives."""
+        recent = self._recent[self._load_key(method)].mean()
+        now = self.load_of(method, loads)
+        return now if recent is None else max(now, recent)
+
+    def _load_key(self, method: str) -> str:
+        return "*" if self.config.shared_device else method
+
+    def _load_keys(self, methods: Sequence[str]) -> set[str]:
+        return {self._load_key(m) for m in methods}
 
     def _best(
         self, candidates: list[str], bucket: str, values: dict[str, float | None], loads: dict[str, EngineLoad]
@@ -140,16 +162,22 @@ class AutoPolicy:
     def _explorable(self, others: list[str], bucket: str, loads: dict[str, EngineLoad]) -> list[str]:
         if not self.config.shared_device or not any(load.busy for load in loads.values()):
             return others
-        cell = (bucket, load_band(self.load_of(others[0], loads))) if others else ()
+        cell = (bucket, load_band(self.expected_load(others[0], loads))) if others else ()
         return [m for m in others if self.estimates.get(m, cell).count < self.config.min_samples]
 
     def observe(self, record: RequestRecord) -> None:
         route = record.route
-        if route is None or route.bucket is None or route.load is None or record.method not in self.methods:
+        if route is None:
+            return
+        recent = self._recent.get(self._load_key(record.method))
+        if route.load_met is not None and recent is not None:
+            recent.add(route.load_met)
+        load = route.load_met if route.load_met is not None else route.load
+        if route.bucket is None or load is None or record.method not in self.methods:
             return
         sample = record.objective_value(self.config.objective)
         if sample is not None:
-            self.estimates.add(record.method, route.bucket, load_band(route.load), sample)
+            self.estimates.add(record.method, route.bucket, load_band(load), sample)
 
     def _values(self, candidates: list[str], bucket: str, loads: dict[str, EngineLoad]) -> dict[str, float | None]:
         """Each candidate's estimate, all at the finest level of detail that every
@@ -158,7 +186,7 @@ class AutoPolicy:
         measured = [m for m in candidates if self.estimates.get(m, ()).count >= enough]
 
         def cell(method: str, level: int) -> Cell:
-            return self.estimates.levels(bucket, load_band(self.load_of(method, loads)))[level]
+            return self.estimates.levels(bucket, load_band(self.expected_load(method, loads)))[level]
 
         level = next(lv for lv in range(3) if all(self.estimates.get(m, cell(m, lv)).count >= enough for m in measured))
         values: dict[str, float | None] = {m: self.config.priors.get(m) for m in candidates}
@@ -171,7 +199,7 @@ class AutoPolicy:
 
     def _least_sampled(self, methods: list[str], bucket: str, loads: dict[str, EngineLoad]) -> str:
         def count(m: str) -> int:
-            return self.estimates.get(m, (bucket, load_band(self.load_of(m, loads)))).count
+            return self.estimates.get(m, (bucket, load_band(self.expected_load(m, loads)))).count
 
         fewest = min(count(m) for m in methods)
         return self._random.choice([m for m in methods if count(m) == fewest])
