@@ -83,8 +83,16 @@ def test_method_engine_settings_override_model_settings() -> None:
     }
 
 
+def shipped_configs() -> list[Path]:
+    """The default, the deploy configs and the ones the docs' measurements ran (not
+    the `tune.yaml` blocks `specgate tune` wrote there: parts to paste into one)."""
+    root = repo_root()
+    docs = [path for path in sorted((root / "docs").rglob("*.yaml")) if path.name != "tune.yaml"]
+    return [root / "app" / "default_config.yaml", *sorted((root / "deploy").rglob("*.yaml")), *docs]
+
+
 def test_shipped_configs_load() -> None:
-    for path in [repo_root() / "app" / "default_config.yaml", *sorted((repo_root() / "deploy").rglob("*.yaml"))]:
+    for path in shipped_configs():
         raw = yaml.safe_load(path.read_text())
         if isinstance(raw, dict) and "models" in raw:
             parse_config(raw, source=str(path))
@@ -134,7 +142,7 @@ def test_shipped_configs_use_only_fields_vllm_knows() -> None:
     engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     methods = set(typing.get_args(SpeculativeMethod))
     checked = 0
-    for path in [*sorted((repo_root() / "deploy").rglob("*.yaml")), repo_root() / "app" / "default_config.yaml"]:
+    for path in shipped_configs():
         raw = yaml.safe_load(path.read_text())
         if not (isinstance(raw, dict) and "models" in raw):
             continue
