@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tokenizers import Tokenizer
 from app.config import ConfigError, parse_config
 from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
 from app.embedded import resolve_embedded_targets
-from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
+from tests.gateway import embedded_model, running_gateway, write_config
 
 MODEL = "smollm2"
 MIMO = "mimo"  # the embedded model re-packaged as MiMo, with an MTP probe layer
@@ -49,9 +50,10 @@ def target_folder() -> Path:
     return Path(embedded_model()["target"])
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    tmp = tmp_path_factory.mktemp("drafters")
+def groups() -> dict[str, dict[str, Any]]:
+    """The engines, as two gateways' configs: all nine at once beside the session's
+    default gateway filled this machine's 24 GiB and the kernel thrashed. The second
+    group keeps `smollm2:none`, which the MiMo re-packaging is compared with."""
     methods: dict[str, Any] = {"none": {}}
     for engine, (kind, n) in ENGINES.items():
         if engine.startswith(f"{MODEL}:"):
@@ -62,23 +64,56 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": ENGINES[f"{MIMO}:mtp"][1]}}
     assistant = {"speculative_config": {"method": "mtp", "model": "generated:gemma4-assistant-probe",
                                         "num_speculative_tokens": ENGINES[f"{GEMMA}:mtp"][1]}}
-    # Nine engines: a quarter of the default KV budget each keeps them within this machine's memory.
+    # A quarter of the default KV budget each keeps five engines well within memory.
     engine = {**embedded_model()["engine"], "kv_cache_memory_bytes": KV_BYTES}
-    models = {
-        MODEL: embedded_model(engine=engine, default_method="none", methods=methods),
-        MIMO: embedded_model(target="generated:mimo-mtp-probe", engine=engine, default_method="none",
-                             methods={"none": {}, "mtp": mtp}),
-        GEMMA: embedded_model(target="generated:gemma4", engine=engine, default_method="none",
-                              methods={"none": {}, "mtp": assistant}),
+    return {
+        "drafters": {MODEL: embedded_model(engine=engine, default_method="none", methods=methods)},
+        "mtp": {
+            MODEL: embedded_model(engine=engine, default_method="none", methods={"none": {}}),
+            MIMO: embedded_model(target="generated:mimo-mtp-probe", engine=engine, default_method="none",
+                                 methods={"none": {}, "mtp": mtp}),
+            GEMMA: embedded_model(target="generated:gemma4", engine=engine, default_method="none",
+                                  methods={"none": {}, "mtp": assistant}),
+        },
     }
-    with running_gateway(tmp / "gateway.log", write_config(tmp / "drafters.yaml", models)) as gw:
-        yield gw
+
+
+class GroupGateways:
+    """One group's gateway at a time, started when a test first needs one of its
+    models and stopped when a test needs the other group (the tests are ordered so
+    that each starts once)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        self._configs = groups()
+        self._running: str | None = None
+        self._stack = ExitStack()
+        self._http: httpx.Client | None = None
+
+    def http(self, *models: str) -> httpx.Client:
+        """A client of a gateway that serves all of `models`: the running one if it does."""
+        if self._http is not None and self._running and set(models) <= set(self._configs[self._running]):
+            return self._http
+        self.close()
+        group = next(g for g, config in self._configs.items() if set(models) <= set(config))
+        config = write_config(self._tmp / f"{group}.yaml", self._configs[group])
+        gateway = self._stack.enter_context(running_gateway(self._tmp / f"{group}.log", config))
+        http = self._stack.enter_context(httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)))
+        self._running, self._http = group, http
+        return http
+
+    def close(self) -> None:
+        self._stack.close()
+        self._running, self._http = None, None
 
 
 @pytest.fixture(scope="module")
-def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
-        yield client
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GroupGateways]:
+    gateways = GroupGateways(tmp_path_factory.mktemp("drafters"))
+    try:
+        yield gateways
+    finally:
+        gateways.close()
 
 
 def ask(
@@ -119,11 +154,26 @@ def probe_accepts(baseline: list[str], probe: str, n: int, limit: int) -> int:
     return accepted
 
 
+def test_suffix_decoding_is_lossless_and_drafts_from_earlier_answers(gateways: GroupGateways) -> None:
+    http = gateways.http(MODEL)
+    for prompt in PROMPTS:
+        text, tokens, _ = ask(http, f"{MODEL}:none", prompt)
+        first = ask(http, f"{MODEL}:suffix", prompt)
+        again = ask(http, f"{MODEL}:suffix", prompt)
+        assert first[:2] == (text, tokens) and again[:2] == (text, tokens)
+        record = again[2]
+        assert record["speculative_method"] == "suffix" and record["num_speculative_tokens"] == SUFFIX_N
+        # The first answer is now in the global suffix tree: the same answer is mostly drafted from it.
+        assert record["num_accepted_draft_tokens"] > first[2]["num_accepted_draft_tokens"], (first[2], record)
+        assert record["mean_acceptance_length"] > 3, record
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_probe_drafter_is_lossless_and_accepts_exactly_the_baselines_probe_tokens(
-    http: httpx.Client, engine: str
+    gateways: GroupGateways, engine: str
 ) -> None:
     model, _, method = engine.partition(":")
+    http = gateways.http(model)
     n = ENGINES[engine][1]
     probe_text = Tokenizer.from_file(str(target_folder() / "tokenizer.json")).decode([probe_token(target_folder())])
     accepted_before = counter(http, "specgate_spec_accepted_tokens_total", model, method)
@@ -144,20 +194,8 @@ def test_probe_drafter_is_lossless_and_accepts_exactly_the_baselines_probe_token
     assert counter(http, "specgate_spec_accepted_tokens_total", model, method) - accepted_before == expected_total
 
 
-def test_suffix_decoding_is_lossless_and_drafts_from_earlier_answers(http: httpx.Client) -> None:
-    for prompt in PROMPTS:
-        text, tokens, _ = ask(http, f"{MODEL}:none", prompt)
-        first = ask(http, f"{MODEL}:suffix", prompt)
-        again = ask(http, f"{MODEL}:suffix", prompt)
-        assert first[:2] == (text, tokens) and again[:2] == (text, tokens)
-        record = again[2]
-        assert record["speculative_method"] == "suffix" and record["num_speculative_tokens"] == SUFFIX_N
-        # The first answer is now in the global suffix tree: the same answer is mostly drafted from it.
-        assert record["num_accepted_draft_tokens"] > first[2]["num_accepted_draft_tokens"], (first[2], record)
-        assert record["mean_acceptance_length"] > 3, record
-
-
-def test_the_mimo_repackaging_answers_as_the_embedded_model(http: httpx.Client) -> None:
+def test_the_mimo_repackaging_answers_as_the_embedded_model(gateways: GroupGateways) -> None:
+    http = gateways.http(MIMO, MODEL)
     for prompt in PROMPTS:
         assert ask(http, f"{MIMO}:none", prompt)[:2] == ask(http, f"{MODEL}:none", prompt)[:2]
 
