@@ -15,6 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from app.api.errors import GatewayTimeoutError, OverloadedError
 from app.api.tracking import RequestTracker
@@ -133,14 +134,14 @@ async def admit(
     """Wait for a place; the tracker then carries the route decision into the record
     and hands the finished record to `on_record` (the router's learning)."""
     clock = RequestClock(admission.engine, admission.limits)
-    meter, method = admission.meter, admission.engine.method
-    mark = meter.mark() if meter is not None else None
+    # Marked before a place is taken: time queued counts in the load the request met.
+    meter = admission.meter
+    load_met = partial(meter.met_since, meter.mark(), admission.engine.method) if meter is not None else None
     try:
         release = await admission.enter(clock)
     except EngineTimeoutError as exc:
         metrics.rejected.labels(admission.engine.model, admission.engine.method, "queue_timeout").inc()
         raise GatewayTimeoutError(str(exc)) from None
-    load_met = (lambda: meter.met_since(mark, method)) if meter is not None and mark is not None else None
     tracker = RequestTracker(
         metrics, admission.engine, request_id, on_end=release, route=route, on_record=on_record, load_met=load_met
     )

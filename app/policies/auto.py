@@ -94,7 +94,7 @@ class AutoPolicy:
         self.config = config
         self.estimates = Estimates(config.memory)
         self.meter = LoadMeter(config.shared_device, clock)
-        self._recent = {key: RecentLoads(config.load_window_s, clock) for key in self._load_keys(methods)}
+        self._recent = {key: RecentLoads(config.load_window_s, clock) for key in {self._load_key(m) for m in methods}}
         self._random = random.Random(config.seed)
         fallback = config.fallback or (BASELINE_METHOD if BASELINE_METHOD in self.methods else self.methods[0])
         self.fallback = fallback
@@ -102,17 +102,19 @@ class AutoPolicy:
     def choose(self, request: RouteRequest, loads: dict[str, EngineLoad]) -> tuple[str, RouteDecision]:
         bucket = request.features.bucket
         candidates = eligible(self.methods, loads)
-        values = self._values(candidates, bucket, loads)
+        expected = {m: self.expected_load(m, loads) for m in candidates}
+        bands = {m: load_band(load) for m, load in expected.items()}
+        values = self._values(candidates, bucket, bands)
         method, reason = self._best(candidates, bucket, values, loads)
-        explorable = self._explorable([m for m in candidates if m != method], bucket, loads)
+        explorable = self._explorable([m for m in candidates if m != method], bucket, loads, bands)
         if explorable and self._random.random() < self.config.exploration:
-            method, reason = self._least_sampled(explorable, bucket, loads), "exploration"
+            method, reason = self._least_sampled(explorable, bucket, bands), "exploration"
         decision = RouteDecision(
             policy=self.name,
             reason=reason,
             bucket=bucket,
             load=self.load_of(method, loads),
-            expected_load=round(self.expected_load(method, loads), 2),
+            expected_load=round(expected[method], 2),
             objective=self.config.objective,
             estimate=_round(values.get(method)),
             estimates=tuple((m, _round(v)) for m, v in values.items()),
@@ -135,9 +137,6 @@ class AutoPolicy:
     def _load_key(self, method: str) -> str:
         return "*" if self.config.shared_device else method
 
-    def _load_keys(self, methods: Sequence[str]) -> set[str]:
-        return {self._load_key(m) for m in methods}
-
     def _best(
         self, candidates: list[str], bucket: str, values: dict[str, float | None], loads: dict[str, EngineLoad]
     ) -> tuple[str, str]:
@@ -159,10 +158,12 @@ class AutoPolicy:
         holders = [m for m in candidates if loads[m].busy == busiest]
         return holders[0] if busiest > 0 and len(holders) == 1 else None
 
-    def _explorable(self, others: list[str], bucket: str, loads: dict[str, EngineLoad]) -> list[str]:
+    def _explorable(
+        self, others: list[str], bucket: str, loads: dict[str, EngineLoad], bands: dict[str, str]
+    ) -> list[str]:
         if not self.config.shared_device or not any(load.busy for load in loads.values()):
             return others
-        cell = (bucket, load_band(self.expected_load(others[0], loads))) if others else ()
+        cell = (bucket, bands[others[0]]) if others else ()
         return [m for m in others if self.estimates.get(m, cell).count < self.config.min_samples]
 
     def observe(self, record: RequestRecord) -> None:
@@ -179,14 +180,15 @@ class AutoPolicy:
         if sample is not None:
             self.estimates.add(record.method, route.bucket, load_band(load), sample)
 
-    def _values(self, candidates: list[str], bucket: str, loads: dict[str, EngineLoad]) -> dict[str, float | None]:
+    def _values(self, candidates: list[str], bucket: str, bands: dict[str, str]) -> dict[str, float | None]:
         """Each candidate's estimate, all at the finest level of detail that every
-        measured candidate has enough records for; the prior of the others."""
+        measured candidate has enough records for (at its expected load band); the
+        prior of the others."""
         enough = self.config.min_samples
         measured = [m for m in candidates if self.estimates.get(m, ()).count >= enough]
 
         def cell(method: str, level: int) -> Cell:
-            return self.estimates.levels(bucket, load_band(self.expected_load(method, loads)))[level]
+            return self.estimates.levels(bucket, bands[method])[level]
 
         level = next(lv for lv in range(3) if all(self.estimates.get(m, cell(m, lv)).count >= enough for m in measured))
         values: dict[str, float | None] = {m: self.config.priors.get(m) for m in candidates}
@@ -197,9 +199,9 @@ class AutoPolicy:
     def _measured(self, method: str, bucket: str) -> bool:
         return self.estimates.get(method, ()).count >= self.config.min_samples
 
-    def _least_sampled(self, methods: list[str], bucket: str, loads: dict[str, EngineLoad]) -> str:
+    def _least_sampled(self, methods: list[str], bucket: str, bands: dict[str, str]) -> str:
         def count(m: str) -> int:
-            return self.estimates.get(m, (bucket, load_band(self.expected_load(m, loads)))).count
+            return self.estimates.get(m, (bucket, bands[m])).count
 
         fewest = min(count(m) for m in methods)
         return self._random.choice([m for m in methods if count(m) == fewest])
