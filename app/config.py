@@ -109,6 +109,32 @@ class EngineSettings(_Strict):
         return {**kwargs, **self.extra_args}
 
 
+class ServingSettings(_Strict):
+    """vLLM's serving flags for a model (what `vllm serve` takes besides engine
+    arguments): the tool and reasoning parsers, the chat template and the like. Every
+    engine of the model builds vLLM's own OpenAI serving layer with them, and
+    `specgate check-config` has vLLM's own argument parser check them."""
+
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = Field(default=None, description="A file or the template itself.")
+    chat_template_content_format: Literal["auto", "string", "openai"] | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    response_role: str | None = None
+    served_model_name: list[str] | None = Field(
+        default=None, description="Further names clients may send as `model` for this model (aliases)."
+    )
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict, description="Further `vllm serve` serving flags, by their argument name."
+    )
+
+    def to_flags(self) -> dict[str, Any]:
+        """Set fields as `vllm serve` arguments (served_model_name is specgate's routing, not a flag here)."""
+        data = self.model_dump(exclude={"extra_args", "served_model_name"}, exclude_none=True)
+        return {**data, **self.extra_args}
+
+
 class Limits(_Strict):
     """What the gateway lets into one engine, and for how long (a method may override
     any field of its model's)."""
@@ -288,6 +314,7 @@ class ModelConfig(_Strict):
     target: str = Field(description="Local folder or hub id of the target model.")
     tokenizer: str | None = None
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     limits: Limits = Field(default_factory=Limits)
     methods: dict[str, MethodConfig] = Field(min_length=1)
     default_method: str
@@ -322,8 +349,6 @@ class ModelConfig(_Strict):
             named.append(("ab.weights", list(self.ab.weights)))
         if self.shadow is not None:
             named.append(("shadow.method", [self.shadow.method]))
-            if self.methods.get(self.shadow.method, MethodConfig()).remote:
-                raise ValueError(f"shadow.method: '{self.shadow.method}' is remote; shadows run on in-process engines")
         for key, methods in named:
             for method in methods:
                 if method not in self.methods:
@@ -352,7 +377,18 @@ class SpecgateConfig(_Strict):
     def _model_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
         for name in models:
             _check_name(name, "model")
+        taken = set(models)
+        for name, model in models.items():
+            for alias in model.serving.served_model_name or ():
+                _check_name(alias, f"{name}.serving.served_model_name")
+                if alias in taken:
+                    raise ValueError(f"{name}.serving.served_model_name: '{alias}' already names a model")
+                taken.add(alias)
         return models
+
+    def aliases(self) -> dict[str, str]:
+        """Further names of each model (`serving.served_model_name`) → the model."""
+        return {alias: name for name, m in self.models.items() for alias in m.serving.served_model_name or ()}
 
 
 def _check_name(name: str, what: str) -> None:

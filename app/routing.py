@@ -75,13 +75,17 @@ class _AllReady:
 
 
 class Router:
-    def __init__(self, models: Mapping[str, ModelRoutes], loads: LoadView | None = None) -> None:
+    def __init__(
+        self, models: Mapping[str, ModelRoutes], loads: LoadView | None = None, aliases: Mapping[str, str] | None = None
+    ) -> None:
         self._models = dict(models)
         self.loads: LoadView = loads or _AllReady()
+        self._aliases = dict(aliases or {})  # further names of a model (its serving.served_model_name)
 
     @classmethod
     def from_config(cls, config: SpecgateConfig, loads: LoadView | None = None) -> Router:
-        return cls({name: ModelRoutes.from_config(name, m) for name, m in config.models.items()}, loads)
+        models = {name: ModelRoutes.from_config(name, m) for name, m in config.models.items()}
+        return cls(models, loads, config.aliases())
 
     def engine_ids(self) -> list[EngineId]:
         return [EngineId(m.name, method) for m in self._models.values() for method in m.methods]
@@ -100,6 +104,7 @@ class Router:
 
     def route(self, requested: str, method_header: str | None = None, request: RouteRequest | None = None) -> Route:
         name, _, method = requested.partition(":")
+        name = self._aliases.get(name, name)
         entry = self._models.get(name)
         if entry is None:
             raise RouteNotFoundError(f"The model '{name}' does not exist.")

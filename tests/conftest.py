@@ -10,7 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway import GatewayProcess, running_gateway
+from app.bench.gateway import START_TIMEOUT_S, ServerProcess, start_server
+from tests.gateway import GatewayProcess, free_port, running_gateway
 
 MODEL = "smollm2"
 
@@ -39,3 +40,24 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def gateway_url(gateway: GatewayProcess) -> str:
     return gateway.url
+
+
+@pytest.fixture(scope="session")
+def vllm_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`vllm serve` running the embedded config's n-gram engine, from the line
+    `specgate vllm-command smollm2:ngram` prints: the remote engines' upstream, and
+    the reference the gateway's answers are compared with (test_parity)."""
+    from app.cli import read_config
+    from app.config import Settings
+    from app.engines.vllm_command import VLLM_SERVE, serve_args
+
+    model = read_config(Settings(config=None)).models[MODEL]
+    port = free_port()
+    cmd = [*VLLM_SERVE, "--model", *serve_args(MODEL, model, "ngram"), "--host", "127.0.0.1", "--port", str(port)]
+    server = start_server(cmd, port, tmp_path_factory.mktemp("vllm") / "vllm-serve.log", "vllm serve", "/v1/models")
+    try:
+        server.wait_ready(START_TIMEOUT_S)
+        yield server
+    finally:
+        if server.interrupt() != 0:
+            print(server.log()[-3000:])

@@ -170,7 +170,8 @@ def test_logprobs(client: openai.OpenAI) -> None:
     text = client.completions.create(model=f"{MODEL}:none", prompt="Hello", max_tokens=4, logprobs=2)
     lp = text.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
-    assert lp.top_logprobs is not None and all(len(t) <= 2 for t in lp.top_logprobs)
+    # vLLM gives the top 2 and the sampled token, when it is not among them.
+    assert lp.top_logprobs is not None and all(2 <= len(t) <= 3 for t in lp.top_logprobs)
 
 
 def test_models_listing(client: openai.OpenAI) -> None:

@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from app.config import ConfigError, EngineSettings, load_config, parse_config
+from app.engines.base import EngineId
+from app.engines.vllm_serving import serving_args
 from tests.conftest import repo_root
 
 
@@ -154,5 +156,61 @@ def test_shipped_configs_use_only_fields_vllm_knows() -> None:
                 if method.speculative_config is not None:
                     assert set(method.speculative_config) <= spec_fields, where
                     assert method.speculative_config["method"] in methods, where
+                if not method.remote:
+                    # vLLM's own `vllm serve` parser and start-up checks take the serving flags.
+                    args = serving_args(EngineId(name, method_name), served)
+                    assert args.served_model_name == [f"{name}:{method_name}"], where
                 checked += 1
     assert checked >= 5
+
+
+def test_study_configs_name_their_models_parsers() -> None:
+    """Every study config serves tools and reasoning with the parsers its model's
+    recipe gives; vLLM knows every one of them."""
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+
+    configs = sorted((repo_root() / "deploy" / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        for name, served in parse_config(yaml.safe_load(path.read_text()), source=str(path)).models.items():
+            flags = served.serving.to_flags()
+            assert flags["enable_auto_tool_choice"] and flags["tool_call_parser"], f"{path.name}: {name}"
+            assert flags["reasoning_parser"], f"{path.name}: {name}"
+            local = next((m for m, cfg in served.methods.items() if not cfg.remote), None)
+            if local is not None:
+                validate_api_server_args(serving_args(EngineId(name, local), served))
+
+
+@pytest.mark.parametrize(
+    ("serving", "expected"),
+    [
+        ({"tool_call_parser": "nonesuch", "enable_auto_tool_choice": True}, "invalid tool call parser: nonesuch"),
+        ({"enable_auto_tool_choice": True}, "--enable-auto-tool-choice requires --tool-call-parser"),
+        ({"reasoning_parser": "nonesuch"}, "invalid reasoning parser: nonesuch"),
+        ({"extra_args": {"no_such_flag": 1}}, "unrecognized arguments: --no-such-flag"),
+        ({"chat_template_content_format": "html"}, "models.m.serving.chat_template_content_format"),
+    ],
+)
+def test_serving_options_are_checked_by_vllms_parser(serving: dict[str, Any], expected: str) -> None:
+    from app.engines.base import EngineConfigError
+
+    try:
+        config = parse_config({"models": {"m": model(serving=serving)}}, source="cfg.yaml")
+        serving_args(EngineId("m", "none"), config.models["m"])
+    except (ConfigError, EngineConfigError) as exc:
+        assert expected in str(exc)
+        assert "m:none" in str(exc) or "models.m.serving" in str(exc)
+    else:
+        pytest.fail("accepted")
+
+
+def test_serving_options_reach_the_vllm_command() -> None:
+    from app.engines.vllm_command import serve_args
+
+    served = parse_config({"models": {"m": model(serving={
+        "tool_call_parser": "xlam", "enable_auto_tool_choice": True,
+        "default_chat_template_kwargs": {"enable_thinking": False}})}}).models["m"]
+    line = serve_args("m", served, "none")
+    assert line[line.index("--tool-call-parser") + 1] == "xlam"
+    assert "--enable-auto-tool-choice" in line
+    assert line[line.index("--default-chat-template-kwargs") + 1] == '{"enable_thinking":false}'

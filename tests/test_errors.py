@@ -1,7 +1,11 @@
-"""Bad requests get a 4xx in OpenAI's error envelope and the server keeps serving."""
+"""Bad requests get a 4xx in OpenAI's error envelope and the server keeps serving.
+What vLLM refuses is refused by vLLM's own serving layer, with its message and
+type (test_parity compares them with `vllm serve`'s); what is specgate's own
+(routing, unknown routes) has OpenAI's types."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -17,7 +21,7 @@ def assert_error(reply: httpx.Response, status: int, code: str | None = None) ->
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
     assert isinstance(error["message"], str) and error["message"]
-    assert error["type"] in {"invalid_request_error", "service_unavailable", "server_error"}
+    assert isinstance(error["type"], str) and error["type"]
     assert set(error) == {"message", "type", "param", "code"}
     if code is not None:
         assert error["code"] == code
@@ -28,12 +32,9 @@ BAD_BODIES: dict[str, dict[str, Any]] = {
     "missing messages": {"model": MODEL},
     "empty messages": {"model": MODEL, "messages": []},
     "messages not a list": {"model": MODEL, "messages": "hello"},
-    "bad role": {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
     "max_tokens wrong type": {"model": MODEL, "messages": MESSAGES, "max_tokens": "many"},
     "negative max_tokens": {"model": MODEL, "messages": MESSAGES, "max_tokens": -5},
     "temperature out of range": {"model": MODEL, "messages": MESSAGES, "temperature": 7},
-    "n too large": {"model": MODEL, "messages": MESSAGES, "n": 1000},
-    "unknown field": {"model": MODEL, "messages": MESSAGES, "tools_please": True},
     "greedy with n>1": {"model": MODEL, "messages": MESSAGES, "n": 2, "temperature": 0},
     "min_p on a speculating engine": {"model": f"{MODEL}:ngram", "messages": MESSAGES, "min_p": 0.1},
     "max_tokens beyond context": {"model": MODEL, "messages": MESSAGES, "max_tokens": 100000},
@@ -47,15 +48,45 @@ def test_bad_chat_request(http: httpx.Client, body: dict[str, Any]) -> None:
     assert_error(http.post("/v1/chat/completions", json=body), 400)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_engine_rejection_is_400_streamed_or_not(http: httpx.Client, stream: bool) -> None:
-    body = {"model": f"{MODEL}:ngram", "messages": MESSAGES, "min_p": 0.2, "stream": stream}
+def test_engine_rejection_is_400_streamed_or_not(http: httpx.Client) -> None:
+    body = {"model": f"{MODEL}:ngram", "messages": MESSAGES, "min_p": 0.2}
     error = assert_error(http.post("/v1/chat/completions", json=body), 400)
     assert "min_p" in error["message"]
+    # Streamed, vLLM refuses it in the stream (as `vllm serve` does): one error event, then [DONE].
+    reply = http.post("/v1/chat/completions", json={**body, "stream": True})
+    assert reply.status_code == 200
+    events = [e for e in reply.text.split("\n\n") if e]
+    assert len(events) == 2 and events[1] == "data: [DONE]"
+    streamed = json.loads(events[0].removeprefix("data: "))["error"]
+    assert streamed["code"] == 400 and "min_p" in streamed["message"]
 
 
 def test_min_p_is_fine_on_baseline(http: httpx.Client) -> None:
     body = {"model": f"{MODEL}:none", "messages": MESSAGES, "min_p": 0.1, "max_tokens": 4}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("extra", [{"min_p": 0.2}, {"logit_bias": {"905": 3}}], ids=["min_p", "logit_bias"])
+@pytest.mark.parametrize("model", [MODEL, f"{MODEL}:auto"])
+def test_unsupported_sampling_goes_to_the_baseline_unless_named(
+    http: httpx.Client, extra: dict[str, Any], model: str
+) -> None:
+    """The default method (ngram) and auto cannot serve it: the baseline does, and says why."""
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 4, **extra}
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    record = reply.json()["specgate"]
+    assert record["method"] == "none" and record["route"]["reason"] == "unsupported_by_speculation"
+    details = reply.json()["usage"]["completion_tokens_details"]
+    assert details == {"accepted_prediction_tokens": None, "rejected_prediction_tokens": None}
+    named = http.post("/v1/chat/completions", json={**body, "model": f"{MODEL}:ngram"})
+    assert named.status_code == 400
+    header = http.post("/v1/chat/completions", json=body, headers={"X-Spec-Method": "ngram"})
+    assert header.status_code == 400
+
+
+def test_unknown_fields_are_ignored_as_vllm_does(http: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "tools_please": True}
     assert http.post("/v1/chat/completions", json=body).status_code == 200
 
 
@@ -86,7 +117,7 @@ def test_unknown_method_in_header(http: httpx.Client) -> None:
 
 
 def test_bad_completion_prompts(http: httpx.Client) -> None:
-    for prompt in ([], ["a", "b"], 42, None):
+    for prompt in ([], 42, None, {"text": "x"}):
         assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": prompt}), 400)
 
 

@@ -17,7 +17,7 @@ from tests.gateway import GatewayProcess
 EXAMPLES = 25  # per route and mode
 MAX_TOKENS = 8  # generation is real (CPU engines): valid requests stay short
 # Fields whose valid values would make a fuzzed request generate for minutes.
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
 
 
 def bounded(body: Any) -> Any:
@@ -30,6 +30,7 @@ def bounded(body: Any) -> Any:
             body[key] = MAX_TOKENS
     if "max_tokens" not in body and "max_completion_tokens" not in body:
         body["max_tokens"] = MAX_TOKENS
+    body.setdefault("max_output_tokens", MAX_TOKENS)  # the Responses API's name for it
     n = body.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and n > 2:
         body["n"] = 2

@@ -38,7 +38,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
 
 
-def send_traffic(client: openai.OpenAI) -> list[dict[str, Any]]:
+def send_traffic(client: openai.OpenAI, http: httpx.Client) -> list[dict[str, Any]]:
     records = []
     for method in ("none", "ngram"):
         for prompt in PROMPTS:
@@ -51,6 +51,34 @@ def send_traffic(client: openai.OpenAI) -> list[dict[str, Any]]:
         records.append(list(stream)[-1].model_extra["specgate"])
         text = client.completions.create(model=f"{MODEL}:{method}", prompt="One, two, three,", max_tokens=16)
         records.append(text.model_extra["specgate"])
+        records += other_routes(http, f"{MODEL}:{method}")
+    return records
+
+
+def other_routes(http: httpx.Client, model: str) -> list[dict[str, Any]]:
+    """One request on each of the other generation routes, streamed and not: every
+    one is recorded and counted the same way."""
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    bodies = [
+        ("/v1/completions", {"prompt": ["One, two,", "Red, green,"], "max_tokens": 8}),
+        ("/v1/chat/completions/batch", {"messages": [messages, messages], "max_tokens": 8}),
+        ("/v1/responses", {"input": PROMPTS[0], "max_output_tokens": 12}),
+        ("/v1/responses", {"input": PROMPTS[0], "max_output_tokens": 12, "stream": True}),
+        ("/v1/messages", {"messages": messages, "max_tokens": 12}),
+        ("/v1/messages", {"messages": messages, "max_tokens": 12, "stream": True}),
+    ]
+    records = []
+    for path, body in bodies:
+        with http.stream("POST", path, json={**body, "model": model, "temperature": 0}) as response:
+            assert response.status_code == 200, (path, response.read())
+            raw = response.read().decode()
+        if body.get("stream"):
+            datas = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: {")]
+            record = json.loads(datas[-1])["specgate"]
+        else:
+            record = json.loads(raw)["specgate"]
+        assert record["engine"] == model and record["completion_tokens"] > 0, path
+        records.append(record)
     return records
 
 
@@ -63,7 +91,7 @@ def by_method(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def test_counters_move_by_exactly_the_records(http: httpx.Client, client: openai.OpenAI) -> None:
     before = scrape(http)
-    records = send_traffic(client)
+    records = send_traffic(client, http)
     after = scrape(http)
 
     def delta(name: str, **labels: str) -> float:
@@ -126,14 +154,14 @@ def test_registry_names_units_and_labels() -> None:
 
 
 def test_prometheus_evaluates_dashboards_and_agrees(
-    gateway: GatewayProcess, client: openai.OpenAI, tmp_path: Path
+    gateway: GatewayProcess, client: openai.OpenAI, http: httpx.Client, tmp_path: Path
 ) -> None:
     prom = start_prometheus(tmp_path, gateway.port)
     try:
         prom.wait_for_target()
         time.sleep(2)
         start = time.time()
-        records = send_traffic(client)
+        records = send_traffic(client, http)
         time.sleep(4)  # a few scrapes and rule evaluations after the last request
         end = time.time()
         queries = [(name, expr) for name, expr in dashboard_queries() if not needs_policies(expr)]

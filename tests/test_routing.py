@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import parse_config
+from app.config import ConfigError, parse_config
 from app.engines.base import EngineId
 from app.routing import RouteNotFoundError, Router
 
@@ -59,3 +59,19 @@ def test_every_request_of_a_learning_model_carries_its_bucket() -> None:
 def test_engine_ids_and_policy_routes() -> None:
     assert len(router().engine_ids()) == 4
     assert router().policy_routes("qwen") == ["auto"] and router().policy_routes("gemma") == []
+
+
+def test_served_model_names_are_aliases_of_their_model() -> None:
+    config = parse_config({"models": {
+        "qwen": {"target": "q", "default_method": "none", "methods": {"none": {}, "eagle3": {}},
+                 "serving": {"served_model_name": ["Qwen/Qwen3-8B", "qwen3"]}},
+    }})
+    routed = Router.from_config(config)
+    assert routed.route("Qwen/Qwen3-8B").engine == EngineId("qwen", "none")
+    assert routed.route("qwen3:eagle3").engine == EngineId("qwen", "eagle3")
+    with pytest.raises(ConfigError, match=r"models: other\.serving\.served_model_name: 'qwen' already names a model"):
+        parse_config({"models": {
+            "qwen": {"target": "q", "default_method": "none", "methods": {"none": {}}},
+            "other": {"target": "o", "default_method": "none", "methods": {"none": {}},
+                      "serving": {"served_model_name": ["qwen"]}},
+        }})

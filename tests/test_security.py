@@ -74,6 +74,11 @@ def test_api_routes_need_a_key(gw: httpx.Client) -> None:
         assert gw.get("/v1/models", headers=bearer(key)).status_code == 200
     # Past the keys, the request reaches routing and the engine (down here).
     assert gw.post("/v1/chat/completions", json=CHAT, headers=bearer(API_KEY)).status_code == 503
+    # Anthropic's clients send the key as x-api-key, on every route.
+    messages = {"model": CHAT["model"], "max_tokens": 4, "messages": CHAT["messages"]}
+    assert gw.post("/v1/messages", json=messages).status_code == 401
+    assert gw.post("/v1/messages", json=messages, headers={"x-api-key": API_KEY + "x"}).status_code == 401
+    assert gw.post("/v1/messages", json=messages, headers={"x-api-key": API_KEY}).status_code == 503
 
 
 def test_probes_stay_open(gw: httpx.Client) -> None:

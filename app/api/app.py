@@ -10,7 +10,7 @@ from wsgiref.simple_server import WSGIServer
 from fastapi import FastAPI
 from prometheus_client import start_http_server
 
-from app.api import admin, chat, completions, system
+from app.api import admin, routes, system
 from app.api.admission import Admission
 from app.api.body_limit import BodySizeLimit
 from app.api.errors import install_error_handlers
@@ -36,8 +36,9 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     for engine in pool:
         limits = config.models[engine.id.model].limits_for(engine.id.method)
         admissions[engine.id] = Admission(engine.id, limits, metrics, router.meter(engine.id.model))
+    shadows = Shadows(config, metrics, pool, admissions, router.observe)
     state = GatewayState(settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions,
-                         shadows=Shadows(config, metrics))
+                         shadows=shadows)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,8 +58,9 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     install_error_handlers(app)
     install_security(app, settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    for module in (chat, completions, system, admin):
+    for module in (routes, system, admin):
         app.include_router(module.router)
+    app.openapi = lambda: routes.openapi_schema(app)  # type: ignore[method-assign]
     return app
 
 

@@ -54,6 +54,9 @@ def _matches(presented: str, keys: frozenset[str]) -> bool:
 
 
 def _bearer(request: Request) -> str:
+    anthropic = request.headers.get("x-api-key", "").strip()  # how Anthropic's clients send their key
+    if anthropic and "authorization" not in request.headers:
+        return anthropic
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError(

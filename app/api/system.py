@@ -24,6 +24,8 @@ async def list_models(state: GatewayState = Depends(gateway_state)) -> dict[str,
     data: list[dict[str, Any]] = []
     for name, model in state.pool.config.models.items():
         data.append(_model_card(name, name, {"default_method": model.default_method}))
+        for alias in model.serving.served_model_name or ():
+            data.append(_model_card(alias, name, {"default_method": model.default_method, "alias_of": name}))
         for policy in model.policies:
             data.append(_model_card(f"{name}:{policy}", name, {"policy": policy}))
         for engine in state.pool:

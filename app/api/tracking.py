@@ -36,9 +36,10 @@ class RequestTracker:
         self.done = asyncio.Event()  # set when the request has ended, however it ended
         metrics.in_flight.labels(engine.model, engine.method).inc()
 
-    def finish(self, record: RequestRecord) -> RequestRecord:
+    def finish(self, record: RequestRecord, answer_id: str | None = None) -> RequestRecord:
         """End with the engine's record; returns it with the route decision, as the
-        client, the metrics and the routing policy all get it."""
+        client, the metrics and the routing policy all get it. `answer_id`: the id
+        the client sees (vLLM's), which then names the request in the access log."""
         route = self.route
         if route is not None and self._load_met is not None:
             met = self._load_met()
@@ -48,7 +49,7 @@ class RequestTracker:
             self._metrics.observe(record)
             if self._on_record is not None:
                 self._on_record(record)
-            _log(self._request_id, self._engine, record.outcome, record)
+            _log(answer_id or self._request_id, self._engine, record.outcome, record)
         return record
 
     @property

@@ -1,21 +1,24 @@
-"""The engine interface every backend implements, and the backend-neutral types
-that cross it.
+"""The engine interface every backend implements, and the types that cross it.
 
-Every engine has the same life cycle, health and load (`Engine`). How it answers
-differs: an in-process vLLM engine generates from a prompt (`GeneratingEngine`:
-prompts in, `EngineOutput` deltas out, a `RequestRecord` on the last), while a
-remote engine (app/engines/remote.py) forwards the client's OpenAI body to a vLLM
-server and passes its answer through without re-encoding every token.
+Every engine has the same life cycle, health and load, and answers the same way:
+an HTTP request of vLLM's OpenAI API in, its answer out (`Engine.handle`, an ASGI
+call). An in-process engine answers with vLLM's own serving layer over its
+`AsyncLLM`; a remote engine (app/engines/remote.py) passes the request to a
+`vllm serve` elsewhere and its answer back.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.config import ModelConfig
-from app.metrics import RequestRecord
+
+ASGIScope = MutableMapping[str, Any]
+ASGIMessage = MutableMapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[ASGIMessage]]
+ASGISend = Callable[[ASGIMessage], Awaitable[None]]
 
 
 class EngineError(Exception):
@@ -84,75 +87,6 @@ class EngineStats:
     restarts: int = 0  # times the gateway restarted it after it died
 
 
-@dataclass(frozen=True)
-class ChatPrompt:
-    messages: list[dict[str, Any]]
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TextPrompt:
-    text: str | None = None
-    token_ids: list[int] | None = None
-
-
-Prompt = ChatPrompt | TextPrompt
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """OpenAI sampling fields plus the vLLM extensions a client may send."""
-
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[int, float] | None = None
-    logprobs: int | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-
-
-@dataclass(frozen=True)
-class TopLogprob:
-    token: str
-    logprob: float
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token: str
-    logprob: float
-    top: tuple[TopLogprob, ...]
-
-
-@dataclass(frozen=True)
-class ChoiceDelta:
-    index: int
-    text: str
-    num_tokens: int
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    finish_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    choices: tuple[ChoiceDelta, ...]
-    prompt_tokens: int
-    record: RequestRecord | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.record is not None
-
-
 class Engine(Protocol):
     """One engine serving one (model, method): what the pool, `/ready`,
     `/engines` and the metrics need of it."""
@@ -172,15 +106,8 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    async def abort(self, request_id: str) -> None: ...
-
-
-class GeneratingEngine(Engine, Protocol):
-    """An engine the gateway drives token by token (in-process vLLM)."""
-
-    def generate(
-        self, prompt: Prompt, sampling: Sampling, request_id: str
-    ) -> AsyncIterator[EngineOutput]:
-        """Deltas as they come; the last one carries the record. Closing the
-        iterator early aborts the request in the engine."""
+    async def handle(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        """Answer one OpenAI-API HTTP request (an ASGI call): vLLM's own serving layer
+        of an in-process engine, or the upstream server of a remote one. The request's
+        tap (app/engines/tap.py) is current while it runs and gets its record."""
         ...

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 
-from app.config import ModelConfig, SpecgateConfig
+from app.config import BASELINE_METHOD, ModelConfig, SpecgateConfig
 from app.engines.base import Engine, EngineId
 from app.engines.remote import RemoteVLLMEngine
 from app.engines.vllm_local import LocalVLLMEngine
@@ -23,7 +23,7 @@ WATCH_INTERVAL_S = 1.0
 RESTART_BACKOFF_S = 1.0
 MAX_RESTART_BACKOFF_S = 60.0
 
-# Every engine is an `Engine`; the API asks which kind answers a request.
+# Every engine is an `Engine`: the API never asks which kind answers a request.
 PoolEngine = LocalVLLMEngine | RemoteVLLMEngine
 
 
@@ -51,6 +51,22 @@ class EnginePool:
 
     def get(self, engine_id: EngineId) -> PoolEngine | None:
         return self._engines.get(engine_id)
+
+    def only_model(self) -> str | None:
+        """The model a request without `model` means: the only one, as `vllm serve` has."""
+        return next(iter(self.config.models)) if len(self.config.models) == 1 else None
+
+    def baseline_of(self, engine_id: EngineId) -> EngineId | None:
+        """An engine of the same model that does not speculate: the `none` method, else the first."""
+        model = self.config.models[engine_id.model]
+        plain = [name for name, m in model.methods.items() if m.speculative_config is None]
+        if not plain:
+            return None
+        return EngineId(engine_id.model, BASELINE_METHOD if BASELINE_METHOD in plain else plain[0])
+
+    def any_local(self) -> LocalVLLMEngine | None:
+        """An in-process engine, whose serving layer can answer a body that is not JSON."""
+        return next((e for e in self if isinstance(e, LocalVLLMEngine)), None)
 
     def prepare(self) -> None:
         """vLLM validates every engine's config before the first one starts."""

@@ -7,7 +7,7 @@ for one request (timeouts, server-sent events as raw bytes, and closing it cance
 the request upstream, because vLLM aborts a request whose connection closes); a
 background probe of `/health` and `/metrics` for `/ready` and the load gauges; and
 the per-request record, built from what vLLM reports on its last chunk (usage and
-`metrics`). What the client sees is app/api/proxy.py.
+`metrics`). How one request is relayed is app/engines/remote_app.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import ModelConfig, UpstreamSettings
 from app.engines.base import (
+    ASGIReceive,
+    ASGIScope,
+    ASGISend,
     EngineConfigError,
     EngineId,
     EngineInfo,
@@ -35,6 +38,7 @@ from app.engines.base import (
     EngineUnavailableError,
 )
 from app.engines.clock import RequestClock
+from app.engines.remote_app import answer
 from app.metrics import RequestRecord, SpecCounts, Timing
 
 logger = logging.getLogger(__name__)
@@ -178,10 +182,8 @@ class RemoteVLLMEngine:
             raise EngineUnavailableError(f"engine {self.id} is not running")
         return self._client
 
-    async def abort(self, request_id: str) -> None:
-        call = self._calls.get(request_id)
-        if call is not None:
-            await call.close()
+    async def handle(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        await answer(self, scope, receive, send)
 
     async def open(self, path: str, payload: dict[str, Any], request_id: str, clock: RequestClock) -> UpstreamCall:
         """POST `payload` (its `model` replaced by the upstream's name) and return
@@ -206,20 +208,21 @@ class RemoteVLLMEngine:
         """The request's record from the usage and `metrics` vLLM put on its last
         chunk (or its whole answer). Without `--per-request-spec-decode-metrics`
         upstream, the speculative figures are None: not measured."""
-        usage = final.get("usage") or {}
+        usage = final.get("usage") or (final.get("response") or {}).get("usage") or {}
         metrics = final.get("metrics") or {}
         spec = _spec_counts(metrics.get("speculative_decoding"))
         n = self.info.num_speculative_tokens
         if n is None and spec is not None:
             n = len(spec.acceptance_histogram) - 1
-        completion_tokens = int(usage.get("completion_tokens") or 0)
+        # Chat and completions name them prompt/completion, Responses and Messages input/output.
+        completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
         return RequestRecord(
             model=self.id.model,
             method=self.id.method,
             engine=str(self.id),
             speculative_method=self.info.speculative_method,
             num_speculative_tokens=n,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
             completion_tokens=completion_tokens,
             finish_reasons=tuple(finish_reasons),
             spec=spec,

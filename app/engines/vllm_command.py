@@ -39,6 +39,7 @@ def serve_args(model_name: str, model: ModelConfig, method: str) -> list[str]:
     if model.tokenizer:
         args += ["--tokenizer", model.tokenizer]
     args += engine_flags(model.engine_for(method).to_engine_kwargs())
+    args += engine_flags(model.serving.to_flags())
     spec = model.methods[method].speculative_config
     if spec is not None:
         # vLLM refuses per-request acceptance figures on an engine without speculation.

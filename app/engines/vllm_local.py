@@ -1,49 +1,46 @@
-"""An in-process vLLM `AsyncLLM` serving one (model, method).
+"""An in-process vLLM `AsyncLLM` serving one (model, method), answering through
+vLLM's own OpenAI serving layer (app/engines/vllm_serving.py).
 
-Lifecycle: `prepare()` builds and validates the vLLM config (cheap, no process);
-`start()` returns once the EngineCore process is up and has answered one tiny
-request; `stop()` stops that process.
+Lifecycle: `prepare()` builds and validates the vLLM config and serving options
+(cheap, no process); `start()` returns once the EngineCore process is up, its
+serving layer is built and it has answered one tiny request; `stop()` stops that
+process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from argparse import Namespace
 from dataclasses import replace
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import ValidationError
 from vllm import AsyncEngineArgs, SamplingParams
 from vllm.config import VllmConfig
-from vllm.exceptions import VLLMClientError
-from vllm.renderers import ChatParams
-from vllm.sampling_params import RequestOutputKind
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from app.config import ModelConfig, describe_validation_error
 from app.engines.base import (
-    ChatPrompt,
+    ASGIReceive,
+    ASGIScope,
+    ASGISend,
     EngineConfigError,
     EngineId,
     EngineInfo,
-    EngineInputError,
-    EngineOutput,
     EngineStats,
     EngineUnavailableError,
-    Prompt,
-    Sampling,
-    TextPrompt,
 )
-from app.engines.vllm_outputs import build_record, choice_delta, spec_counts
+from app.engines.tap import TappedEngineClient
+from app.engines.vllm_serving import build_serving_app, serving_args
 from app.engines.vllm_stats import (
     SchedulerSnapshot,
     SilentPrometheusStatLogger,
     SnapshotStatLogger,
 )
-from app.metrics import SpecCounts
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +56,9 @@ def build_engine_args(engine_id: EngineId, model: ModelConfig) -> AsyncEngineArg
     )
     if model.tokenizer:
         kwargs["tokenizer"] = model.tokenizer
+    if model.serving.reasoning_parser:
+        # The engine needs it too: structured outputs are not enforced while the model reasons.
+        kwargs["reasoning_parser"] = model.serving.reasoning_parser
     if method.speculative_config is not None:
         kwargs["speculative_config"] = dict(method.speculative_config)
         # Only valid with speculation: vLLM refuses it on a baseline engine.
@@ -75,6 +75,8 @@ class LocalVLLMEngine:
         self._model = model
         self._vllm_config: VllmConfig | None = None
         self._llm: AsyncLLM | None = None
+        self._args: Namespace | None = None
+        self._serving: FastAPI | None = None
         self._snapshot = SchedulerSnapshot()
         self.restarts = 0
         self._wanted = False
@@ -84,6 +86,7 @@ class LocalVLLMEngine:
         """Let vLLM validate the whole configuration before any engine starts."""
         if self._vllm_config is not None:
             return
+        self._args = serving_args(self.id, self._model)
         args = build_engine_args(self.id, self._model)
         try:
             # A gateway is an API server: vLLM then sizes its batch limits as `vllm serve` does
@@ -106,6 +109,8 @@ class LocalVLLMEngine:
         self._wanted = True
         # EngineCore start-up blocks for tens of seconds: off the event loop.
         await asyncio.to_thread(self._start_blocking)
+        assert self._args is not None
+        self._serving = await build_serving_app(TappedEngineClient(self.llm), self._args)
         await self.warm_up()
 
     def _start_blocking(self) -> None:
@@ -128,7 +133,8 @@ class LocalVLLMEngine:
     async def warm_up(self) -> None:
         """One tiny request, so the first client does not pay for lazy kernel set-up
         (seconds on CPU) in its TTFT."""
-        async for _ in self.generate(TextPrompt(text="Hello"), Sampling(max_tokens=2), f"warmup-{self.id}"):
+        params = SamplingParams(max_tokens=2)
+        async for _ in self.llm.generate({"prompt": "Hello"}, params, f"warmup-{self.id}-{uuid.uuid4().hex[:8]}"):
             pass
 
     async def stop(self) -> None:
@@ -140,12 +146,19 @@ class LocalVLLMEngine:
             logger.info("stopping engine %s", self.id)
             self._llm.shutdown()
             self._llm = None
+            self._serving = None
 
     @property
     def llm(self) -> AsyncLLM:
         if self._llm is None:
             raise EngineUnavailableError(f"engine {self.id} is not running")
         return self._llm
+
+    async def handle(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        """Answer one HTTP request with vLLM's serving layer of this engine."""
+        if self._serving is None or self._llm is None or self._llm.errored:
+            raise EngineUnavailableError(f"engine {self.id} is not running")
+        await self._serving(scope, receive, send)
 
     async def health(self) -> bool:
         return self._llm is not None and not self._llm.errored
@@ -171,104 +184,3 @@ class LocalVLLMEngine:
             kv_cache_usage=self._snapshot.kv_cache_usage,
             restarts=self.restarts,
         )
-
-    async def abort(self, request_id: str) -> None:
-        if self._llm is not None:
-            await self._llm.abort(request_id)
-
-    async def generate(
-        self, prompt: Prompt, sampling: Sampling, request_id: str
-    ) -> AsyncIterator[EngineOutput]:
-        llm = self.llm
-        engine_input = await self._render(llm, prompt)
-        prompt_len = len(engine_input["prompt_token_ids"])
-        params = self._sampling_params(sampling, prompt_len)
-        spec_parts: dict[int, SpecCounts] = {}
-        tokens: dict[int, int] = {}
-        finish: dict[int, str] = {}
-        try:
-            async for out in llm.generate(engine_input, params, request_id):
-                deltas = tuple(choice_delta(o, sampling.logprobs) for o in out.outputs)
-                for o in out.outputs:
-                    tokens[o.index] = tokens.get(o.index, 0) + len(o.token_ids)
-                    if o.finish_reason is not None:
-                        finish[o.index] = o.finish_reason
-                    if o.spec_decode_metrics is not None:
-                        spec_parts[o.index] = spec_counts(o.spec_decode_metrics)
-                record = None
-                if out.finished:
-                    record = build_record(
-                        self.info,
-                        out,
-                        list(spec_parts.values()),
-                        sum(tokens.values()),
-                        [finish[i] for i in sorted(finish)],
-                    )
-                yield EngineOutput(deltas, prompt_len, record)
-        except VLLMClientError as exc:
-            raise EngineInputError(str(exc)) from None
-        except (EngineDeadError, EngineGenerateError) as exc:
-            raise EngineUnavailableError(f"engine {self.id} failed: {type(exc).__name__}") from None
-
-    async def _render(self, llm: AsyncLLM, prompt: Prompt) -> dict[str, Any]:
-        try:
-            if isinstance(prompt, ChatPrompt):
-                kwargs = {**prompt.chat_template_kwargs, "add_generation_prompt": True}
-                _, (engine_input,) = await llm.renderer.render_chat_async(
-                    [prompt.messages], ChatParams(chat_template_kwargs=kwargs)
-                )
-            else:
-                raw: dict[str, Any] = (
-                    {"prompt_token_ids": prompt.token_ids}
-                    if prompt.token_ids is not None
-                    else {"prompt": prompt.text}
-                )
-                (engine_input,) = await llm.renderer.render_cmpl_async([raw])
-        except VLLMClientError as exc:
-            raise EngineInputError(str(exc)) from None
-        except (ValueError, TypeError, KeyError) as exc:
-            # Template and tokenizer errors describe the client's input.
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-            raise EngineInputError(f"could not render the prompt: {first}") from None
-        return dict(engine_input)
-
-    def _sampling_params(self, sampling: Sampling, prompt_len: int) -> SamplingParams:
-        room = self.info.max_model_len - prompt_len
-        if room <= 0:
-            raise EngineInputError(
-                f"the prompt has {prompt_len} tokens, but the model's context length "
-                f"is {self.info.max_model_len} tokens"
-            )
-        max_tokens = sampling.max_tokens if sampling.max_tokens is not None else room
-        if max_tokens > room:
-            raise EngineInputError(
-                f"max_tokens is {max_tokens}, but the prompt has {prompt_len} tokens and "
-                f"the model's context length is {self.info.max_model_len} tokens "
-                f"(at most {room} tokens can be generated)"
-            )
-        optional = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "min_p": sampling.min_p,
-            "seed": sampling.seed,
-            "presence_penalty": sampling.presence_penalty,
-            "frequency_penalty": sampling.frequency_penalty,
-            "repetition_penalty": sampling.repetition_penalty,
-            "logit_bias": sampling.logit_bias,
-            "logprobs": sampling.logprobs,
-            "min_tokens": sampling.min_tokens,
-            "ignore_eos": sampling.ignore_eos,
-        }
-        try:
-            return SamplingParams(
-                n=sampling.n,
-                max_tokens=max_tokens,
-                stop=list(sampling.stop) or None,
-                output_kind=RequestOutputKind.DELTA,
-                **{k: v for k, v in optional.items() if v is not None},
-            )
-        except VLLMClientError as exc:
-            raise EngineInputError(str(exc)) from None
-        except ValueError as exc:
-            raise EngineInputError(str(exc).strip().splitlines()[0]) from None

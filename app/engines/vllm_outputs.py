@@ -1,59 +1,18 @@
-"""Translation from vLLM's output objects to the engine-neutral types and the
-per-request record. Kept apart from the engine so the figures' provenance is
-in one place: speculative counts from `CompletionOutput.spec_decode_metrics`,
-timing from `RequestOutput.metrics` (engine timestamps), never from chunks.
+"""Translation from vLLM's output objects to the per-request record, kept in one
+place for the figures' provenance: speculative counts from
+`CompletionOutput.spec_decode_metrics`, timing from `RequestOutput.metrics` (engine timestamps), never from chunks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from vllm.logprobs import Logprob
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import RequestOutput
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics, RequestStateStats
 
-from app.engines.base import ChoiceDelta, EngineInfo, TokenLogprob, TopLogprob
+from app.engines.base import EngineInfo
 from app.metrics import RequestRecord, SpecCounts, Timing
-
-
-def choice_delta(output: CompletionOutput, top_k: int | None) -> ChoiceDelta:
-    return ChoiceDelta(
-        index=output.index,
-        text=output.text,
-        num_tokens=len(output.token_ids),
-        logprobs=_logprobs(output, top_k) if top_k is not None else None,
-        finish_reason=output.finish_reason,
-    )
-
-
-def _logprobs(output: CompletionOutput, top_k: int) -> tuple[TokenLogprob, ...]:
-    if output.logprobs is None:
-        return ()
-    result = []
-    for token_id, position in zip(output.token_ids, output.logprobs, strict=False):
-        result.append(_token_logprob(token_id, position or {}, top_k))
-    return tuple(result)
-
-
-def _token_logprob(token_id: int, position: Mapping[int, Logprob], top_k: int) -> TokenLogprob:
-    # vLLM returns the sampled token plus the top-k; the sampled one may rank lower.
-    chosen = position.get(token_id)
-    ranked = sorted(position.values(), key=lambda lp: lp.rank if lp.rank is not None else 0)
-    top = tuple(
-        TopLogprob(token=lp.decoded_token or "", logprob=_finite(lp.logprob))
-        for lp in ranked[:top_k]
-    )
-    return TokenLogprob(
-        token=(chosen.decoded_token or "") if chosen else "",
-        logprob=_finite(chosen.logprob) if chosen else -9999.0,
-        top=top,
-    )
-
-
-def _finite(value: float) -> float:
-    # JSON has no -inf; OpenAI uses -9999.0 for "impossible".
-    return max(value, -9999.0)
 
 
 def spec_counts(metrics: RequestSpecDecodeMetrics) -> SpecCounts:
@@ -64,6 +23,7 @@ def build_record(
     info: EngineInfo,
     final: RequestOutput,
     spec_parts: Sequence[SpecCounts],
+    prompt_tokens: int,
     completion_tokens: int,
     finish_reasons: Sequence[str],
 ) -> RequestRecord:
@@ -74,7 +34,7 @@ def build_record(
         engine=str(info.id),
         speculative_method=info.speculative_method,
         num_speculative_tokens=info.num_speculative_tokens,
-        prompt_tokens=len(final.prompt_token_ids or ()),
+        prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         finish_reasons=tuple(finish_reasons),
         spec=SpecCounts.combine(spec_parts) if speculating and spec_parts else None,

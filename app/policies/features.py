@@ -44,3 +44,25 @@ def features_of(text: str, temperature: float | None) -> RequestFeatures:
         code=code_lines >= 1,
         greedy=temperature == 0,
     )
+
+
+def body_text(body: dict[str, object]) -> str:
+    """The prompt text of an OpenAI or Anthropic request body, whatever its route:
+    chat `messages`, completion `prompt` (token ids as words) or Responses `input`."""
+    parts: list[str] = []
+    for key in ("system", "instructions", "messages", "prompt", "input"):
+        _collect_text(body.get(key), parts)
+    return "\n".join(parts)
+
+
+def _collect_text(value: object, parts: list[str]) -> None:
+    if isinstance(value, str):
+        parts.append(value)
+    elif isinstance(value, int):
+        parts.append(str(value))
+    elif isinstance(value, list):
+        for item in value:
+            _collect_text(item, parts)
+    elif isinstance(value, dict):
+        for key in ("content", "text"):
+            _collect_text(value.get(key), parts)

