@@ -242,8 +242,6 @@ def test_features() -> None:
     ({"shadow": {"method": "ngram", "share": 1.5}}, "models.m.shadow.share: Input should be less than or equal"),
     ({"default_method": "auto"}, "default_method 'auto' is not one of the methods (ngram, none)"),
     ({"methods": {"auto": {}}, "default_method": "auto"}, "method name 'auto' is reserved"),
-    ({"shadow": {"method": "ngram", "share": 0.1}, "methods": {"none": {}, "ngram": {"url": "http://h:1"}}},
-     "shadow.method: 'ngram' is remote"),
 ])
 def test_policy_config_errors_name_the_key(model: dict[str, object], message: str) -> None:
     raw = {"target": "t", "default_method": "none", "methods": {"none": {}, "ngram": {}}, **model}

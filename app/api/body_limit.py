@@ -35,7 +35,7 @@ class BodySizeLimit:
         if body is None:
             await self._refuse(scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
     async def _read_chunked(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
@@ -56,7 +56,9 @@ class BodySizeLimit:
         await error_response(error)(scope, receive, send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` as the whole request body, then the client's own
+    messages (its disconnect, when it comes)."""
     sent = False
 
     async def replay() -> Message:

@@ -24,10 +24,11 @@ from starlette.responses import Response
 
 from app.api.admission import admit
 from app.api.answer import AnswerWriter
+from app.api.body_limit import replay_body
 from app.api.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from app.api.state import GatewayState
 from app.api.tracking import RequestTracker
-from app.engines.base import ASGIMessage, ASGIReceive, ASGIScope, ASGISend, EngineError
+from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineError
 from app.engines.pool import PoolEngine
 from app.engines.tap import CURRENT_TAP, RequestTap
 from app.metrics import RouteDecision
@@ -167,17 +168,8 @@ async def dispatch(
     headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
     inner = {k: v for k, v in scope.items() if k not in _ROUTER_KEYS}
     inner["headers"] = [*headers, (b"content-length", str(len(body)).encode())]
-    sent = False
-
-    async def replay() -> ASGIMessage:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # then the client's disconnect, when it comes
-
     token = CURRENT_TAP.set(tap)
     try:
-        await engine.handle(inner, replay, send)
+        await engine.handle(inner, replay_body(body, receive), send)
     finally:
         CURRENT_TAP.reset(token)

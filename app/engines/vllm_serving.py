@@ -9,6 +9,7 @@ error and streamed event of a request routed to the engine is vLLM's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from argparse import Namespace
 from types import SimpleNamespace
 from typing import Any, NoReturn
@@ -62,8 +63,15 @@ async def build_serving_app(engine_client: Any, args: Namespace) -> FastAPI:
     """vLLM's application and serving state over `engine_client`. Its lifespan never
     runs: the gateway owns the engine's life, and only its routes are used."""
     tasks = await engine_client.get_supported_tasks()
-    app = build_app(args, tasks, engine_client.model_config)
-    await init_app_state(engine_client, app.state, args, tasks)
+    root = logging.getLogger()
+    level = root.level
+    try:
+        app = build_app(args, tasks, engine_client.model_config)
+        await init_app_state(engine_client, app.state, args, tasks)
+    finally:
+        # Something vLLM imports while building its app sets the root logger to ERROR,
+        # which silenced the gateway's own INFO lines (the access log among them).
+        root.setLevel(level)
     # vLLM's handler of a dead engine stops the uvicorn server it finds here; the
     # gateway restarts the engine instead and keeps serving the others.
     app.state.server = SimpleNamespace(should_exit=False)
