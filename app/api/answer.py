@@ -21,9 +21,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from app.api.errors import APIError, api_error_for
-from app.api.tracking import RequestTracker
-from app.engines.base import ASGIMessage, ASGISend
+from app.api.errors import api_error_for
+from app.api.tracking import RequestTracker, failure_outcome
+from app.engines.base import ASGIMessage, ASGISend, EngineError, send_whole
 from app.engines.tap import RequestTap
 from app.metrics import RequestRecord
 
@@ -93,33 +93,29 @@ class AnswerWriter:
         elif self._tap is not None and self._tap.failure is not None:
             error = api_error_for(self._tap.failure)  # specgate's 504 or 503, not the serving layer's 500
             status, body = error.status, json.dumps(error.body()).encode()
-            self._fail(_outcome(error))
+            self._fail(failure_outcome(self._tap.failure))
         elif status >= 500 and self._tap is not None and not self._tap.started:
             status, body = _input_error(body)
             self._fail("invalid")
         else:
             self._fail("invalid" if status < 500 else "error")
-        headers = [*self._start["headers"], (b"content-length", str(len(body)).encode())]
         self.started = True
-        await self._send({**self._start, "status": status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_whole(self._send, status, self._start["headers"], body)
 
     def _accepted(self) -> None:
         if self._on_accepted is not None:
             self._on_accepted()
             self._on_accepted = None
 
-    async def fail(self, exc: Exception) -> None:
+    async def fail(self, exc: EngineError) -> None:
         """The engine failed before or while answering: a clean error for the client."""
         error = api_error_for(exc)
-        self._fail(_outcome(error))
+        self._fail(failure_outcome(exc))
         if not self.started:
             self.started = True
-            body = json.dumps(error.body()).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            headers = [(b"content-type", b"application/json"),
                        *[(k.lower().encode(), v.encode()) for k, v in error.headers.items()]]
-            await self._send({"type": "http.response.start", "status": error.status, "headers": headers})
-            await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            await send_whole(self._send, error.status, headers, json.dumps(error.body()).encode())
         elif self._stream:
             await self._send({"type": "http.response.body", "body": error.sse().encode() + b"data: [DONE]\n\n",
                               "more_body": False})
@@ -127,9 +123,8 @@ class AnswerWriter:
     def _stream_error(self, chunk: bytes) -> bytes:
         """An error event of the serving layer: the request has ended without its record."""
         if self._tap is not None and self._tap.failure is not None:
-            error = api_error_for(self._tap.failure)
-            self._fail(_outcome(error))
-            return error.sse().encode()
+            self._fail(failure_outcome(self._tap.failure))
+            return api_error_for(self._tap.failure).sse().encode()
         try:
             code = int(json.loads(chunk[len(DATA):])["error"].get("code") or 500)
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -214,10 +209,3 @@ def _input_error(body: bytes) -> tuple[int, bytes]:
         message = "The request could not be read."
     error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
     return 400, json.dumps({"error": error}).encode()
-
-
-def _outcome(error: APIError) -> str:
-    if error.status == 504:
-        return "timeout"
-    return "invalid" if error.status < 500 else "error"
-

@@ -21,6 +21,13 @@ ASGIReceive = Callable[[], Awaitable[ASGIMessage]]
 ASGISend = Callable[[ASGIMessage], Awaitable[None]]
 
 
+async def send_whole(send: ASGISend, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """A whole HTTP answer in one body message, with its content-length."""
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 class EngineError(Exception):
     """Base of errors raised by engines; the API maps each to an HTTP status."""
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from app.engines.base import ASGIMessage, ASGIReceive, ASGIScope, ASGISend, EngineUnavailableError
+from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineUnavailableError, send_whole
 from app.engines.clock import RequestClock
 from app.engines.tap import CURRENT_TAP, RequestTap
 
@@ -105,7 +105,7 @@ class _Relay:
             raise EngineUnavailableError(f"engine {self.engine.id}: the upstream answered HTTP {status}")
         headers = [(b"content-type", b"application/json")]
         headers += [(k.encode(), v.encode()) for k, v in call.headers.items() if k.lower() == "retry-after"]
-        await _send_whole(send, status, headers, content)
+        await send_whole(send, status, headers, content)
 
     async def whole(self, call: UpstreamCall, send: ASGISend) -> None:
         data = await call.json()
@@ -114,7 +114,7 @@ class _Relay:
         if "model" in data:
             data["model"] = str(self.engine.id)
         content = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-        await _send_whole(send, call.status_code, [(b"content-type", b"application/json")], content)
+        await send_whole(send, call.status_code, [(b"content-type", b"application/json")], content)
 
     async def stream(self, call: UpstreamCall, send: ASGISend) -> None:
         await send({"type": "http.response.start", "status": call.status_code,
@@ -151,9 +151,3 @@ class _Relay:
         if self.tap is not None:
             self.tap.set_record(self.engine.record(call, final, finish_reasons))
 
-
-async def _send_whole(send: ASGISend, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
-    start: ASGIMessage = {"type": "http.response.start", "status": status,
-                          "headers": [*headers, (b"content-length", str(len(content)).encode())]}
-    await send(start)
-    await send({"type": "http.response.body", "body": content, "more_body": False})
