@@ -93,6 +93,16 @@ class EngineSettings(_Strict):
         description="Further AsyncEngineArgs fields, passed to vLLM unchanged.",
     )
 
+    @field_validator("extra_args")
+    @classmethod
+    def _no_serving_flags(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        # A serving flag here would reach `vllm serve` twice (once from serving:), and
+        # the engine gets the reasoning parser from serving: anyway.
+        misplaced = sorted(set(extra) & set(ServingSettings.model_fields))
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)} is a serving flag: set it under the model's serving:")
+        return extra
+
     def merged(self, override: EngineSettings) -> EngineSettings:
         """`override`'s explicitly set fields win; extra_args merge key by key."""
         data = self.model_dump(exclude_unset=True)

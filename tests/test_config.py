@@ -189,6 +189,7 @@ def test_study_configs_name_their_models_parsers() -> None:
         ({"reasoning_parser": "nonesuch"}, "invalid reasoning parser: nonesuch"),
         ({"extra_args": {"no_such_flag": 1}}, "unrecognized arguments: --no-such-flag"),
         ({"chat_template_content_format": "html"}, "models.m.serving.chat_template_content_format"),
+        ({"chat_template": "/nonexistent/tool_chat.jinja"}, "appears path-like, but doesn't exist"),
     ],
 )
 def test_serving_options_are_checked_by_vllms_parser(serving: dict[str, Any], expected: str) -> None:
@@ -202,6 +203,11 @@ def test_serving_options_are_checked_by_vllms_parser(serving: dict[str, Any], ex
         assert "m:none" in str(exc) or "models.m.serving" in str(exc)
     else:
         pytest.fail("accepted")
+
+
+def test_a_serving_flag_among_engine_args_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"models\.m\.engine\.extra_args.*reasoning_parser is a serving flag"):
+        parse_config({"models": {"m": model(engine={"extra_args": {"reasoning_parser": "qwen3"}})}}, source="c.yaml")
 
 
 def test_serving_options_reach_the_vllm_command() -> None:

@@ -385,11 +385,11 @@ def test_check_vllm_accepts_the_configs_and_names_what_vllm_lacks(tmp_path: Path
     spec = {"method": "medusa2", "num_speculative_tokens": 3, "draft_tp": 2}
     bad.write_text(yaml.safe_dump({"models": {"m": {
         "target": "x", "default_method": "s",
-        "engine": {"extra_args": {"tool_call_parser": "qwen3_xml"}},
+        "engine": {"extra_args": {"enable_tool_parsing": True}},
         "methods": {"s": {"speculative_config": spec}},
     }}}))
     found = "\n".join(check.problems([bad]))
-    for expected in ("engine argument 'tool_call_parser'", "no field 'draft_tp'", "speculative method 'medusa2'"):
+    for expected in ("engine argument 'enable_tool_parsing'", "no field 'draft_tp'", "speculative method 'medusa2'"):
         assert expected in found
 
 

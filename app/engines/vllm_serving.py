@@ -19,6 +19,7 @@ from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.entrypoints.launchers.launcher import validate_api_server_args
+from vllm.exceptions import VLLMError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from app.config import ModelConfig
@@ -49,7 +50,7 @@ def serving_args(engine_id: EngineId, model: ModelConfig) -> Namespace:
                 args.structured_outputs_config, reasoning_parser=args.reasoning_parser
             )
         validate_api_server_args(args)  # the tool and reasoning parsers exist
-    except (_Refusal, TypeError, ValueError, KeyError) as exc:
+    except (_Refusal, VLLMError, TypeError, ValueError, KeyError) as exc:
         text = (exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
         raise EngineConfigError(f"vLLM rejected the serving options of engine {engine_id}: {first}") from None
