@@ -11,8 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.bench.commands import add_bench_args, add_tune_args
-from app.bench.runner import BenchError
+from app.bench.args import BenchError, add_bench_args, add_tune_args
 from app.config import ConfigError, Settings, SpecgateConfig, load_config
 
 if TYPE_CHECKING:

@@ -104,7 +104,7 @@ def resolve_embedded_targets(config: SpecgateConfig, cache_dir: Path) -> Specgat
 
 
 def _resolve_target(value: str, where: str, cache_dir: Path) -> str:
-    """`generated:<target kind>`: a target made from the embedded model (app/drafters.py),
+    """`generated:<target kind>`: a target made from the embedded model (app/drafters/),
     its MiMo re-packaging with an MTP layer (`mimo-mtp`) or a tiny Gemma-4 (`gemma4`)."""
     from app.drafters import GENERATED_PREFIX, TARGET_KINDS, generated_drafter
 
@@ -118,7 +118,7 @@ def _resolve_target(value: str, where: str, cache_dir: Path) -> str:
 
 
 def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
-    """`generated:<kind>`: a small random drafter of the target (app/drafters.py)."""
+    """`generated:<kind>`: a small random drafter of the target (app/drafters/)."""
     from app.drafters import DRAFTER_KINDS, GENERATED_PREFIX, TARGET_KINDS, generated_drafter
 
     if not value.startswith(GENERATED_PREFIX):

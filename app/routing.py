@@ -17,11 +17,11 @@ from typing import Protocol
 
 from app.config import ModelConfig, SpecgateConfig
 from app.engines.base import EngineId
-from app.metrics import RequestRecord, RouteDecision
 from app.policies.ab import ABPolicy
 from app.policies.auto import AutoPolicy
 from app.policies.base import EngineLoad, LoadView, RouteRequest
 from app.policies.load import LoadMeter
+from app.record import RequestRecord, RouteDecision
 
 METHOD_HEADER = "X-Spec-Method"
 

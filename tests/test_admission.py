@@ -147,3 +147,80 @@ def test_the_load_meter_counts_every_request_from_arrival_to_end() -> None:
         assert meter.busy == 0
 
     asyncio.run(scenario())
+
+
+# The watchdog: one timer bounds a stream's successive waits. The source stands in for
+# an engine's outputs (no real engine stalls or paces itself on demand).
+
+async def watched(limits: RequestClock, gaps: list[float], between: float = 0.0, tasks: bool = False) -> int:
+    """Wait for each output under the watchdog (each wait in a task of its own when
+    `tasks`, as vLLM's merge of several choices does); sleep `between` between waits."""
+    dog = limits.watchdog()
+    got = 0
+    try:
+        for gap in gaps:
+            async def one(gap: float = gap) -> None:
+                dog.waiting()
+                try:
+                    await asyncio.sleep(gap)
+                except asyncio.CancelledError:
+                    expired = dog.expired()
+                    if expired is None:
+                        raise
+                    raise expired from None
+                dog.idle()
+            await (asyncio.create_task(one()) if tasks else one())
+            got += 1
+            await asyncio.sleep(between)
+    finally:
+        dog.close()
+    return got
+
+
+@pytest.mark.parametrize("tasks", [False, True])
+def test_watchdog_bounds_each_wait_not_the_stream(tasks: bool) -> None:
+    # 12 outputs 20 ms apart: 240 ms in all, no wait near the 100 ms idle limit.
+    assert asyncio.run(watched(clock(idle_timeout_s=0.1), [0.02] * 12, tasks=tasks)) == 12
+
+
+@pytest.mark.parametrize("tasks", [False, True])
+def test_watchdog_ends_a_stalled_wait_on_time(tasks: bool) -> None:
+    async def run() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(EngineTimeoutError) as info:
+            await watched(clock(idle_timeout_s=0.1), [0.01, 0.01, 5.0], tasks=tasks)
+        return str(info.value), loop.time() - started
+
+    message, took = asyncio.run(run())
+    assert "idle_timeout_s" in message
+    assert 0.1 <= took < 0.5
+
+
+def test_watchdog_does_not_count_time_between_waits() -> None:
+    # The consumer takes 150 ms between outputs (a slow client): only waits count.
+    assert asyncio.run(watched(clock(idle_timeout_s=0.1), [0.01] * 3, between=0.15)) == 3
+
+
+def test_watchdog_ends_at_the_total_limit() -> None:
+    async def run() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(EngineTimeoutError) as info:
+            await watched(clock(idle_timeout_s=10, total_timeout_s=0.2), [0.03] * 100)
+        return str(info.value), loop.time() - started
+
+    message, took = asyncio.run(run())
+    assert "total_timeout_s" in message
+    assert 0.17 <= took < 0.5
+
+
+def test_watchdog_leaves_other_cancellations_alone() -> None:
+    async def run() -> None:
+        task = asyncio.create_task(watched(clock(idle_timeout_s=10), [5.0]))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())

@@ -167,7 +167,7 @@ def test_shipped_configs_use_only_fields_vllm_knows() -> None:
 def test_study_configs_name_their_models_parsers() -> None:
     """Every study config serves tools and reasoning with the parsers its model's
     recipe gives; vLLM knows every one of them."""
-    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+    from app.engines.vllm_serving import validate_api_server_args
 
     configs = sorted((repo_root() / "deploy" / "configs").glob("*.yaml"))
     assert configs

@@ -455,6 +455,40 @@ def test_engines_have_their_own_gpus_on_one_host(config: Path) -> None:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_each_engine_is_built_on_its_own_devices(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What can be checked of issue 18 without GPUs: the arguments each in-process engine
+    is built with (app/engines/vllm_local.py) carry its GPUs and tensor parallelism, and
+    vLLM resolves them to physical GPUs no other engine has, also inside a container that
+    was given a subset of the host's GPUs (device_ids index the visible set, as
+    `vllm serve --device-ids` does). The gateway sets no device variable of its own."""
+    from vllm.platforms import current_platform
+
+    from app.engines.base import EngineId
+    from app.engines.vllm_local import build_engine_args
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The CPU platform's device variable is a NUMA one; resolve as the GPU platforms do.
+    monkeypatch.setattr(type(current_platform), "device_control_env_var", "CUDA_VISIBLE_DEVICES")
+    visible = [7, 6, 5, 4, 3, 2, 1, 0]  # a container given the host's GPUs in another order
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, visible)))
+    loaded = load_config(config)
+    owner: dict[int, str] = {}
+    for model, method, kwargs, _ in engines(loaded):
+        where = f"{config.name}: {model}:{method}"
+        args = build_engine_args(EngineId(model, method), loaded.models[model])
+        assert args.device_ids == kwargs["device_ids"], where
+        assert args.tensor_parallel_size == kwargs.get("tensor_parallel_size", 1), where
+        physical = args._resolve_device_ids()
+        assert physical == [visible[i] for i in kwargs["device_ids"]], where
+        for gpu in physical:
+            assert gpu not in owner, f"{where}: physical GPU {gpu} is also {owner[gpu]}'s"
+            owner[gpu] = f"{model}:{method}"
+    source = "\n".join(p.read_text() for p in (REPO / "app").rglob("*.py"))
+    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        assert variable not in source, f"the gateway sets {variable}: engines would not see the GPUs device_ids name"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_values_are_ones_vllm_accepts(config: Path) -> None:
     from vllm import AsyncEngineArgs
     from vllm.config.speculative import SpeculativeConfig
@@ -468,8 +502,9 @@ def test_config_values_are_ones_vllm_accepts(config: Path) -> None:
         where = f"{config.name}: {model}:{method}"
         for key, value in kwargs.items():
             assert fits(engine_types[key], value), f"{where}: {key}={value!r}"
-        if "reasoning_parser" in kwargs:
-            assert kwargs["reasoning_parser"] in parsers, where
+        reasoning = loaded.models[model].serving.reasoning_parser
+        if reasoning is not None:
+            assert reasoning in parsers, where
     specs = [(model, method, spec) for model, method, _, spec in engines(loaded)]
     specs += [(model, method, spec) for model, method, _, spec in remote_methods(loaded)]
     for model, method, spec in specs:
@@ -576,11 +611,11 @@ def test_host_2_commands_are_the_in_process_engines_for_vllm_serve(
     engine, no download)."""
     import huggingface_hub.constants
     from vllm import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from app.engines.base import EngineId
     from app.engines.vllm_local import build_engine_args
+    from app.engines.vllm_serving import make_arg_parser, validate_parsed_serve_args
 
     # Offline, vLLM resolves a hub id to its cached folder while it builds the arguments,
     # and these checkpoints are not cached here; online it leaves the id alone. Building

@@ -1,4 +1,4 @@
-"""Generated drafters (app/drafters.py): EAGLE-3, DFlash, a small draft model and
+"""Generated drafters (app/drafters/): EAGLE-3, DFlash, a small draft model and
 native MTP (on a MiMo re-packaging of the embedded model) run end to end through a
 real gateway on this machine with constant-token probe drafters, whose accepted
 drafts are known exactly from the baseline's greedy output. Suffix decoding runs

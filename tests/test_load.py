@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from app.config import AutoConfig
-from app.metrics import RequestRecord, RouteDecision, Timing
 from app.policies.auto import AutoPolicy
 from app.policies.base import EngineLoad, RouteRequest
 from app.policies.load import LoadMeter, RecentLoads
+from app.record import RequestRecord, RouteDecision, Timing
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import GatewayMetrics, RequestRecord, SpecCounts, Timing
+from app.metrics import GatewayMetrics
+from app.record import RequestRecord, SpecCounts, Timing
 from tests.conftest import MODEL
 from tests.gateway import GatewayProcess
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute

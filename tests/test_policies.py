@@ -18,11 +18,11 @@ import pytest
 
 from app.bench.workloads import chat, edit
 from app.config import ABConfig, AutoConfig, ConfigError, parse_config
-from app.metrics import RequestRecord, RouteDecision, Timing
 from app.policies.ab import ABPolicy
 from app.policies.auto import AutoPolicy
 from app.policies.base import EngineLoad, RouteRequest
 from app.policies.features import features_of
+from app.record import RequestRecord, RouteDecision, Timing
 
 LOG = [json.loads(line) for line in (Path(__file__).parent / "data" / "bench-requests.jsonl").read_text().splitlines()]
 TEXTS = {p.id: "\n".join(text for _, text in p.messages) for w in (edit(200), chat(200)) for p in w.prompts}

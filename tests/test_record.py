@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.metrics import RequestRecord, SpecCounts, Timing
+from app.record import RequestRecord, SpecCounts, Timing
 
 
 def record(spec: SpecCounts | None, speculative_method: str = "ngram") -> RequestRecord:

@@ -4,11 +4,15 @@ that run it end to end are in tests/test_synthetic.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 
+import pytest
 import torch
 
-from app.engines.vllm_plugin import synthetic_accept
+from app.engines.vllm_plugin import ACTIVE, synthetic_accept
 
 PLACEHOLDER = -1
 
@@ -52,13 +56,34 @@ def test_requests_with_fewer_drafts_than_n() -> None:
     assert out[1] == [21, 22, 23, 9001]
 
 
-def test_register_replaces_the_cpu_kernels_once() -> None:
+def test_register_replaces_the_cpu_kernels_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.utils import cpu_triton_utils as cpu_tl
 
     from app.engines.vllm_plugin import register
 
+    monkeypatch.setenv(ACTIVE, "1")  # as in an engine the gateway started
     register()
     greedy = cpu_tl._rejection_greedy_sample_kernel_impl
     assert greedy.__qualname__ == "register.<locals>.greedy_kernel"
     register()  # vLLM loads plugins in every process, and may load them twice in one
     assert cpu_tl._rejection_greedy_sample_kernel_impl is greedy
+
+
+PROBE = """
+from vllm.plugins import load_general_plugins
+from vllm.utils import cpu_triton_utils as cpu_tl
+load_general_plugins()
+print("patched" if getattr(cpu_tl, "_specgate_synthetic", False) else "untouched")
+"""
+
+
+@pytest.mark.parametrize(("active", "expected"), [(None, "untouched"), ("1", "patched")])
+def test_the_plugin_acts_only_in_the_gateways_engines(active: str | None, expected: str) -> None:
+    # Any vLLM process of this environment loads the plugin (a user's own `vllm serve`
+    # too): it must leave vLLM alone unless the gateway started that process.
+    env = {k: v for k, v in os.environ.items() if k != ACTIVE}
+    if active is not None:
+        env[ACTIVE] = active
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected

@@ -22,8 +22,9 @@ from app.api.tracking import RequestTracker
 from app.config import Limits
 from app.engines.base import EngineId, EngineTimeoutError
 from app.engines.clock import RequestClock
-from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
+from app.metrics import GatewayMetrics
 from app.policies.load import LoadMeter
+from app.record import RequestRecord, RouteDecision
 
 
 class Admission:

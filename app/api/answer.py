@@ -25,7 +25,7 @@ from app.api.errors import api_error_for
 from app.api.tracking import RequestTracker, failure_outcome
 from app.engines.base import ASGIMessage, ASGISend, EngineError, send_whole
 from app.engines.tap import RequestTap
-from app.metrics import RequestRecord
+from app.record import RequestRecord
 
 EVENT_STREAM = b"text/event-stream"
 DATA = b"data: "

@@ -56,6 +56,7 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     app.state.gateway = state
     app.state.drain = state.start_draining  # the server replaces it with one that also exits
     install_error_handlers(app)
+    app.add_middleware(routes.EngineRoutes)  # innermost: after the body limit and CORS
     install_security(app, settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     for module in (routes, system, admin):

@@ -24,21 +24,17 @@ from starlette.responses import Response
 
 from app.api.admission import admit
 from app.api.answer import AnswerWriter
-from app.api.body_limit import replay_body
+from app.api.dispatch import dispatch
 from app.api.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from app.api.state import GatewayState
 from app.api.tracking import RequestTracker
 from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineError
 from app.engines.pool import PoolEngine
-from app.engines.tap import CURRENT_TAP, RequestTap
-from app.metrics import RouteDecision
+from app.engines.tap import RequestTap
 from app.policies.base import RouteRequest
 from app.policies.features import body_text
+from app.record import RouteDecision
 from app.routing import METHOD_HEADER, RouteNotFoundError
-
-# The scope keys the gateway's own router set; the engine's application sets its own.
-_ROUTER_KEYS = ("app", "router", "endpoint", "route", "path_params", "fastapi_astack", "fastapi_inner_astack",
-                "fastapi_function_astack")
 
 
 @dataclass(frozen=True)
@@ -98,9 +94,13 @@ def engine_headers(engine: PoolEngine) -> dict[str, str]:
     return {METHOD_HEADER: engine.id.method, "X-Specgate-Engine": str(engine.id)}
 
 
-def engine_body(body: dict[str, Any], engine: PoolEngine) -> bytes:
-    """The body the engine gets: `model` names the engine, as its serving layer knows it."""
-    return json.dumps({**body, "model": str(engine.id)}, ensure_ascii=False).encode()
+def engine_body(raw: bytes, body: dict[str, Any], engine: PoolEngine) -> bytes:
+    """The body the engine gets: `model` names the engine, as its serving layer knows it
+    (the client's own bytes when it named the engine already: no second encoding)."""
+    name = str(engine.id)
+    if body.get("model") == name:
+        return raw
+    return json.dumps({**body, "model": name}, ensure_ascii=False).encode()
 
 
 async def serve_generation(state: GatewayState, request: Request, usage_details: bool) -> Response:
@@ -113,7 +113,7 @@ async def serve_generation(state: GatewayState, request: Request, usage_details:
     request_id = f"specgate-{uuid.uuid4().hex}"
     admitted = await admit(state.admissions[engine.id], state.metrics, request_id, routed.decision,
                            state.router.observe)
-    payload = engine_body(body, engine)
+    payload = engine_body(raw, body, engine)
     tap = RequestTap(engine.info, admitted.clock)
 
     def mirror() -> None:
@@ -130,7 +130,7 @@ async def serve_other(state: GatewayState, request: Request) -> Response:
     if body is None:
         return EngineResponse(state.pool.any_local(), raw)
     engine = choose_engine(state, request, body).engine
-    return EngineResponse(engine, engine_body(body, engine))
+    return EngineResponse(engine, engine_body(raw, body, engine))
 
 
 class EngineResponse(Response):
@@ -157,19 +157,3 @@ class EngineResponse(Response):
         finally:
             if self.tracker is not None:
                 self.tracker.fail("cancelled")  # a no-op once the request has ended
-
-
-async def dispatch(
-    engine: PoolEngine, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, body: bytes,
-    tap: RequestTap | None,
-) -> None:
-    """Call the engine's application with `body` as the request body; `tap` is the
-    current request's tap while it runs (and in every task it starts)."""
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-    inner = {k: v for k, v in scope.items() if k not in _ROUTER_KEYS}
-    inner["headers"] = [*headers, (b"content-length", str(len(body)).encode())]
-    token = CURRENT_TAP.set(tap)
-    try:
-        await engine.handle(inner, replay_body(body, receive), send)
-    finally:
-        CURRENT_TAP.reset(token)

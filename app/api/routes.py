@@ -15,9 +15,11 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.responses import Response
 
+from app.api.errors import APIError, error_response
 from app.api.exchange import serve_generation, serve_other
-from app.api.security import require_api_key
+from app.api.security import check_api_key, require_api_key
 from app.api.state import GatewayState, gateway_state
+from app.engines.base import ASGIReceive, ASGIScope, ASGISend
 
 # Routes that generate: admitted, recorded, counted. The value: the usage carries
 # OpenAI's accepted/rejected prediction tokens (chat and text completions).
@@ -55,6 +57,37 @@ def _generation(usage_details: bool) -> Route:
 async def _other(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
     return await serve_other(state, request)
 
+
+class EngineRoutes:
+    """Answers the routes above before FastAPI's router does, with the same handlers
+    and the same key check: FastAPI would resolve the routes' dependencies per request
+    (Request objects, exit stacks, dependency solving), a cost `vllm serve` does not
+    have in front of the same serving layer. The routes stay registered below, for
+    the OpenAPI schema; any other method or path goes on to FastAPI."""
+
+    def __init__(self, app: Callable[[ASGIScope, ASGIReceive, ASGISend], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        path = scope.get("path", "")
+        generation = GENERATION_ROUTES.get(path)
+        if scope["type"] != "http" or scope["method"] != "POST" or (generation is None and path not in _OTHER):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        state: GatewayState = scope["app"].state.gateway
+        try:
+            check_api_key(request)
+            if generation is None:
+                response = await serve_other(state, request)
+            else:
+                response = await serve_generation(state, request, generation)
+        except APIError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+
+_OTHER = frozenset(OTHER_ROUTES)
 
 for _path, _details in GENERATION_ROUTES.items():
     router.add_api_route(_path, _generation(_details), methods=["POST"], response_model=None)

@@ -14,6 +14,7 @@ Shadows never queue: one is dropped (and counted) when the model already has
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -21,14 +22,15 @@ from dataclasses import replace
 from typing import Any
 
 from app.api.admission import Admission
-from app.api.exchange import dispatch, engine_body
+from app.api.dispatch import dispatch
 from app.api.tracking import RequestTracker
 from app.config import ShadowConfig, SpecgateConfig
 from app.engines.base import ASGIMessage, ASGIScope, EngineError, EngineId
 from app.engines.clock import RequestClock
 from app.engines.pool import EnginePool, PoolEngine
 from app.engines.tap import RequestTap
-from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
+from app.metrics import GatewayMetrics
+from app.record import RequestRecord, RouteDecision
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +112,7 @@ class Shadows:
 async def _unheard(engine: PoolEngine, scope: ASGIScope, body: dict[str, Any], tap: RequestTap) -> None:
     """Run the mirror to its end, not streamed; its answer goes nowhere."""
     mirror = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    mirror["model"] = str(engine.id)
     never = asyncio.Event()
 
     async def receive() -> ASGIMessage:
@@ -120,7 +123,7 @@ async def _unheard(engine: PoolEngine, scope: ASGIScope, body: dict[str, Any], t
         return None
 
     try:
-        await dispatch(engine, scope, receive, discard, engine_body(mirror, engine), tap)
+        await dispatch(engine, scope, receive, discard, json.dumps(mirror, ensure_ascii=False).encode(), tap)
     except EngineError as exc:
         logger.warning("shadow request on %s failed: %s", engine.id, exc)
 

@@ -54,6 +54,6 @@ class PoolLoads:
         )
 
 
-def gateway_state(request: Request) -> GatewayState:
+async def gateway_state(request: Request) -> GatewayState:  # a coroutine: no worker thread
     state: GatewayState = request.app.state.gateway
     return state

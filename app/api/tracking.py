@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.engines.base import EngineId, EngineInputError, EngineTimeoutError
-from app.metrics import GatewayMetrics, RequestRecord, RouteDecision
+from app.metrics import GatewayMetrics
+from app.record import RequestRecord, RouteDecision
 
 logger = logging.getLogger("specgate.access")
 

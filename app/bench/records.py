@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.metrics import SpecCounts
+from app.record import SpecCounts
 
 
 @dataclass(frozen=True)

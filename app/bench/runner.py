@@ -16,15 +16,12 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from app.bench.args import BenchError
 from app.bench.client import TIMEOUT, RequestSettings, Target, run_load
 from app.bench.records import Load, RequestResult, model_root
 from app.bench.workloads import Workload
 
 BASELINE_METHODS = frozenset({"none"})
-
-
-class BenchError(RuntimeError):
-    """The benchmark cannot run: endpoint unreachable, unknown target, nothing to send."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from app.bench.records import Load, RequestResult, SpecSample, model_root
-from app.metrics import SpecCounts
+from app.record import SpecCounts
 
 PERCENTILES = (50, 90, 99)
 

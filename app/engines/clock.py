@@ -41,3 +41,73 @@ class RequestClock:
         """Seconds left of the total, or None without a total limit."""
         total = self.limits.total_timeout_s
         return None if total is None else max(0.0, self.started + total - time.monotonic())
+
+    def watchdog(self) -> Watchdog:
+        """One timer for a stream's successive waits (see `Watchdog`)."""
+        return Watchdog(self)
+
+
+class Watchdog:
+    """Bounds each of a stream's successive waits for the engine, as `RequestClock.wait`
+    does, with one timer for the whole stream instead of one per output: on a GPU an
+    output comes every millisecond or two, and a timer armed and cancelled per output
+    (plus its context manager) was a measurable part of the gateway's per-token cost.
+
+    `waiting()` before each wait and `idle()` after it cost two clock reads; the timer
+    fires about once per idle period, checks the wait then in progress, and cancels the
+    waiting task only if that wait has run out of time. `expired()` then turns the
+    cancellation into the clock's `EngineTimeoutError`."""
+
+    def __init__(self, clock: RequestClock) -> None:
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[object] | None = None  # the task waiting now, if any
+        self._deadline = 0.0  # loop time at which the current wait runs out
+        self._why = ""
+        self._expired = False
+
+    def waiting(self) -> None:
+        """A wait for the engine begins (in the current task)."""
+        budget, self._why = self._clock._budget()
+        if budget <= 0:
+            raise self._error()
+        self._task = asyncio.current_task()
+        self._deadline = self._loop.time() + budget
+        if self._handle is None or self._handle.when() > self._deadline:  # the total may end a wait early
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(self._deadline, self._check)
+
+    def idle(self) -> None:
+        """The wait got its output."""
+        self._task = None
+
+    def _check(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        if self._task is None:  # between waits: the next one starts its own budget
+            self._handle = self._loop.call_at(now + self._clock.limits.idle_timeout_s, self._check)
+        elif now >= self._deadline:
+            self._expired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(self._deadline, self._check)
+
+    def expired(self) -> EngineTimeoutError | None:
+        """After a `CancelledError`: the clock's error if the watchdog caused it (the
+        task's cancellation is then withdrawn), else None (someone else cancelled)."""
+        if not self._expired:
+            return None
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return self._error()
+
+    def _error(self) -> EngineTimeoutError:
+        return EngineTimeoutError(f"engine {self._clock.engine}: the request ran out of time after {self._why}")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

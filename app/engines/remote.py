@@ -39,7 +39,7 @@ from app.engines.base import (
 )
 from app.engines.clock import RequestClock
 from app.engines.remote_app import answer
-from app.metrics import RequestRecord, SpecCounts, Timing
+from app.record import RequestRecord, SpecCounts, Timing
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

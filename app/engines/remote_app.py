@@ -18,22 +18,45 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol
 
-from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineUnavailableError, send_whole
+import httpx
+
+from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineId, EngineUnavailableError, send_whole
 from app.engines.clock import RequestClock
 from app.engines.tap import CURRENT_TAP, RequestTap
+from app.record import RequestRecord
 
-if TYPE_CHECKING:
-    from app.engines.remote import RemoteVLLMEngine, UpstreamCall
+
+class UpstreamCall(Protocol):
+    """What the relay uses of one upstream request (app/engines/remote.py's UpstreamCall)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> httpx.Headers: ...
+    async def read(self) -> bytes: ...
+    async def json(self) -> dict[str, Any]: ...
+    def events(self) -> AsyncIterator[bytes]: ...
+    async def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """What the relay uses of a remote engine (app/engines/remote.py's RemoteVLLMEngine)."""
+
+    id: EngineId
+    served_model_name: str | None
+
+    async def open(self, path: str, payload: dict[str, Any], request_id: str, clock: RequestClock) -> UpstreamCall: ...
+    def record(self, call: Any, final: Mapping[str, Any], finish_reasons: Sequence[str]) -> RequestRecord: ...
 
 CLIENT_STATUSES = frozenset({400, 413, 422, 429})
 USAGE_CHUNK_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 DONE = b"data: [DONE]\n\n"
 
 
-async def answer(engine: RemoteVLLMEngine, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+async def answer(engine: Upstream, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
     body = b""
     while True:
         message = await receive()
@@ -83,7 +106,7 @@ async def _closed_by_disconnect(receive: ASGIReceive) -> AsyncIterator[None]:
 
 
 class _Relay:
-    def __init__(self, engine: RemoteVLLMEngine, path: str, body: dict[str, Any], tap: RequestTap | None) -> None:
+    def __init__(self, engine: Upstream, path: str, body: dict[str, Any], tap: RequestTap | None) -> None:
         self.engine, self.path, self.body, self.tap = engine, path, body, tap
         self.usage_chunk = path in USAGE_CHUNK_ROUTES and bool(body.get("stream"))
         options = body.get("stream_options") or {}

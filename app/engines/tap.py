@@ -13,6 +13,7 @@ its upstream's answer instead (app/engines/remote_app.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from app.engines.base import EngineInfo, EngineTimeoutError, EngineUnavailableError
 from app.engines.clock import RequestClock
 from app.engines.vllm_outputs import build_record, spec_counts
-from app.metrics import RequestRecord, SpecCounts
+from app.record import RequestRecord, SpecCounts
 
 CURRENT_TAP: contextvars.ContextVar[RequestTap | None] = contextvars.ContextVar("specgate_tap", default=None)
 
@@ -94,16 +95,23 @@ class RequestTap:
     async def watch(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         stream = _Stream()
         self._streams.append(stream)
+        dog = self.clock.watchdog() if self.clock is not None else None
         try:
             while True:
                 try:
-                    if self.clock is None:
+                    if dog is None:
                         out = await anext(outputs)
                     else:
-                        async with self.clock.wait():
-                            out = await anext(outputs)
+                        dog.waiting()
+                        out = await anext(outputs)
+                        dog.idle()
                 except StopAsyncIteration:
                     return
+                except asyncio.CancelledError:
+                    expired = dog.expired() if dog is not None else None
+                    if expired is None:
+                        raise
+                    raise expired from None
                 stream.see(out)
                 yield out
         except EngineTimeoutError as exc:
@@ -113,6 +121,8 @@ class RequestTap:
             self.failure = EngineUnavailableError(f"engine {self.info.id} failed: EngineDeadError")
             raise
         finally:
+            if dog is not None:
+                dog.close()
             # Closing vLLM's generator early aborts the request in the engine.
             await outputs.aclose()  # type: ignore[attr-defined]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from argparse import Namespace
 from dataclasses import replace
@@ -24,6 +25,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from app.config import ModelConfig, describe_validation_error
+from app.engines import vllm_plugin
 from app.engines.base import (
     ASGIReceive,
     ASGIScope,
@@ -86,6 +88,9 @@ class LocalVLLMEngine:
         """Let vLLM validate the whole configuration before any engine starts."""
         if self._vllm_config is not None:
             return
+        # Before vLLM loads its plugins (building the config does): specgate's vLLM plugin
+        # acts in this process and the engine processes it starts, which inherit it.
+        os.environ[vllm_plugin.ACTIVE] = "1"
         self._args = serving_args(self.id, self._model)
         args = build_engine_args(self.id, self._model)
         try:

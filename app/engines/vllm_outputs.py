@@ -12,7 +12,7 @@ from vllm.outputs import RequestOutput
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics, RequestStateStats
 
 from app.engines.base import EngineInfo
-from app.metrics import RequestRecord, SpecCounts, Timing
+from app.record import RequestRecord, SpecCounts, Timing
 
 
 def spec_counts(metrics: RequestSpecDecodeMetrics) -> SpecCounts:

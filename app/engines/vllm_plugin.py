@@ -7,14 +7,25 @@ acceptance profile (docs/methods.md). vLLM runs it in its Triton rejection kerne
 its CPU build replaces those with C++ kernels that assert synthetic mode away
 (vllm/utils/cpu_triton_utils.py, 0.32). This fills in that branch with the
 Triton kernels' rule, in torch, before the CPU platform registers its kernels
-(vLLM loads general plugins first). Everything else goes to vLLM's kernels."""
+(vLLM loads general plugins first). Everything else goes to vLLM's kernels.
+
+vLLM loads the plugin in every vLLM process of the environment, a user's own
+`vllm serve` included: it acts only where `ACTIVE` is set to 1, which the gateway
+sets for the engines it starts (app/engines/vllm_local.py); anywhere else it loads
+and returns."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# Set by the gateway in its engines' environment (they inherit the gateway's).
+ACTIVE = "SPECGATE_VLLM_PLUGIN"
 
 
 def register() -> None:
+    if os.environ.get(ACTIVE) != "1":
+        return
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():

@@ -11,8 +11,8 @@ import random
 from collections.abc import Sequence
 
 from app.config import ABConfig
-from app.metrics import RouteDecision
 from app.policies.base import EngineLoad, RouteRequest
+from app.record import RouteDecision
 
 
 class ABPolicy:

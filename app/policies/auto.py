@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.config import BASELINE_METHOD, AutoConfig
-from app.metrics import RequestRecord, RouteDecision
 from app.policies.base import EngineLoad, RouteRequest, eligible
 from app.policies.load import Clock, LoadMeter, RecentLoads
+from app.record import RequestRecord, RouteDecision
 
 LOAD_BANDS = ((0, "idle"), (1, "low"), (4, "mid"), (16, "high"))  # requests already at the engine
 

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.drafters import ones, randn
+from app.drafters.common import TargetShape, ones, probe_token, randn
 
 WIDTH, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 1024, 4, 4, 2, 64
 ASSISTANT_WIDTH, ASSISTANT_INTERMEDIATE, ASSISTANT_HEADS = 128, 512, 4
@@ -34,6 +34,15 @@ ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
 }
+
+
+def target(folder: Path, shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tiny Gemma-4 target, with the tokenizer of `folder` (always boosting the probe token)."""
+    return gemma4_target(shape.vocab, probe_token(folder), gen)
+
+
+def assistant(folder: Path, shape: TargetShape, probe: int | None, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return gemma4_assistant(folder, probe, gen)
 
 
 def gemma4_target(vocab: int, probe: int, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
