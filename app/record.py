@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -21,11 +22,12 @@ class SpecCounts:
     acceptance_histogram: tuple[int, ...]
     num_draft_tokens: int
 
-    @property
+    # Cached: the record, the metrics and the policies each read them (frozen: never stale).
+    @cached_property
     def num_spec_steps(self) -> int:
         return sum(self.acceptance_histogram)
 
-    @property
+    @cached_property
     def num_accepted_draft_tokens(self) -> int:
         return sum(j * count for j, count in enumerate(self.acceptance_histogram))
 

@@ -14,6 +14,16 @@ from app.bench.gateway import START_TIMEOUT_S, ServerProcess, start_server
 from tests.gateway import GatewayProcess, free_port, running_gateway
 
 MODEL = "smollm2"
+# Session fixtures that start vLLM engines: a test using one is an `engine` test.
+ENGINE_FIXTURES = frozenset({"gateway", "http", "client", "gateway_url", "vllm_serve"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`pytest -m "not engine"` runs every test that needs no vLLM engine (in well under a
+    minute); modules that start gateways of their own carry the marker themselves."""
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,6 @@ from app.engines.clock import RequestClock
 from app.metrics import GatewayMetrics
 from app.policies.load import LoadMeter
 
-pytestmark = pytest.mark.unit
-
 ENGINE = EngineId("m", "x")
 
 

@@ -6,10 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.unit
-
 APP = Path(__file__).resolve().parent.parent / "app"
 # room -> the rooms of `app` it may import (docs/architecture.md)
 ALLOWED = {

@@ -22,6 +22,8 @@ from app.bench.workloads import chat, edit
 from tests.gateway import GatewayProcess, embedded_model, running_gateway, wait_for, write_config
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 MODEL = "smollm2"
 METHODS = ("none", "ngram")
 AB_WEIGHTS = {"none": 3, "ngram": 1}

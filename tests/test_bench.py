@@ -141,6 +141,7 @@ def test_bench_unknown_target_is_a_clear_error(gateway: GatewayProcess) -> None:
     assert f"unknown target(s) {MODEL}:eagle9" in run.stderr and f"{MODEL}:ngram" in run.stderr
 
 
+@pytest.mark.engine  # `specgate tune` starts its own engines
 def test_tune_sweeps_n_one_engine_at_a_time_and_writes_a_config(tmp_path: Path) -> None:
     out = tmp_path / "tune"
     before = {p.pid for p in psutil.Process().children(recursive=True)}

@@ -29,8 +29,6 @@ from app.bench.report import (
 )
 from app.bench.stats import CellSummary, percentile, summarize
 
-pytestmark = pytest.mark.unit
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 C2 = Load("concurrency", 2)
 BASELINE = "m:none"

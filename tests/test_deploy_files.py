@@ -33,8 +33,6 @@ import yaml
 from app.cli import _parser, main, settings_from
 from app.config import SpecgateConfig, load_config, parse_config
 
-pytestmark = pytest.mark.unit
-
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile.rocm"
 COMPOSE = REPO / "deploy" / "docker-compose.yml"

@@ -25,6 +25,8 @@ from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
 from app.embedded import resolve_embedded_targets
 from tests.gateway import embedded_model, running_gateway, write_config
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 MODEL = "smollm2"
 MIMO = "mimo"  # the embedded model re-packaged as MiMo, with an MTP probe layer
 GEMMA = "gemma"  # a tiny random Gemma-4 target, with a probe Gemma-4 MTP assistant

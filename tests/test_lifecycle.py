@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import yaml
 
 from app.server import STARTUP_FAILURE
 from tests.gateway import descendants, start_gateway
+
+pytestmark = pytest.mark.engine  # starts gateways of its own
 
 
 def one_engine_config(tmp_path: Path, **engine: Any) -> Path:

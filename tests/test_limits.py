@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway import GatewayProcess, descendants, embedded_model, running_gateway, wait_for, write_config
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:none"
 TOTAL_S = 30  # from admission: a slow first token on a busy machine plus the queue checks must fit inside it

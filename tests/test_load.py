@@ -12,8 +12,6 @@ from app.policies.base import EngineLoad, RouteRequest
 from app.policies.load import LoadMeter, RecentLoads
 from app.record import RequestRecord, RouteDecision, Timing
 
-pytestmark = pytest.mark.unit
-
 
 class ManualClock:
     def __init__(self) -> None:

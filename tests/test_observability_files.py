@@ -18,8 +18,6 @@ import yaml
 
 from dashboards.queries import all_panel_queries
 
-pytestmark = pytest.mark.unit
-
 REPO = Path(__file__).resolve().parent.parent
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 GRAFANA_DIR = REPO / "deploy" / "grafana" / "provisioning"

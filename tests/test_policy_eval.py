@@ -15,8 +15,6 @@ from app.bench.report import write_jsonl
 from app.bench.stats import summarize
 from tests.test_bench_report import PNG_SIGNATURE, result
 
-pytestmark = pytest.mark.unit
-
 
 def sweep() -> list[RequestResult]:
     return [

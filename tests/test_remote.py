@@ -22,6 +22,8 @@ from app.cli import read_config
 from app.config import Settings
 from tests.gateway import free_port, start_gateway, wait_for
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 MODEL = "smollm2"
 REMOTE = f"{MODEL}:ngram"  # served by vllm serve
 LOCAL = f"{MODEL}:none"  # in-process

@@ -14,8 +14,6 @@ from app.config import ConfigError, parse_config
 from app.engines.remote import parse_load
 from tests.conftest import repo_root
 
-pytestmark = pytest.mark.unit
-
 
 def config_with(method: dict[str, Any]) -> dict[str, Any]:
     return {"models": {"m": {"target": "/models/x", "default_method": "r", "methods": {"none": {}, "r": method}}}}

@@ -14,6 +14,8 @@ import yaml
 
 from tests.gateway import GatewayProcess, free_port, start_gateway, wait_for
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 API_KEY = "sk-test-api-0123456789"
 FILE_KEY = "sk-test-from-file"
 ADMIN_KEY = "sk-test-admin-9876543210"

@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
 
+pytestmark = pytest.mark.engine  # starts gateways of its own
+
 MODEL = "smollm2"
 MIMO = "mimo"  # the embedded model re-packaged as MiMo, with a random MTP layer
 GEMMA = "gemma"  # a tiny random Gemma-4, for a random Gemma-4 MTP assistant

@@ -11,8 +11,6 @@ import pytest
 
 from app.bench.workloads import BUILTIN, Prompt, Workload, WorkloadError, from_jsonl, load_workload
 
-pytestmark = pytest.mark.unit
-
 
 def texts(workload: Workload) -> list[str]:
     return [content for prompt in workload.prompts for _, content in prompt.messages]

@@ -80,7 +80,8 @@ def choose_engine(state: GatewayState, request: Request, body: dict[str, Any]) -
     engine = state.pool.get(engine_id)
     if engine is None:
         raise ModelNotFoundError(f"The model '{requested}' does not exist.", param="model")
-    state.metrics.decisions.labels(engine_id.model, decision.policy, engine_id.method, decision.reason).inc()
+    metrics = state.metrics
+    metrics.child(metrics.decisions, engine_id.model, decision.policy, engine_id.method, decision.reason).inc()
     return Routed(engine, decision)
 
 

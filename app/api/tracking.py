@@ -35,7 +35,7 @@ class RequestTracker:
         self._load_met = load_met
         self._ended = False
         self.done = asyncio.Event()  # set when the request has ended, however it ended
-        metrics.in_flight.labels(engine.model, engine.method).inc()
+        metrics.child(metrics.in_flight, engine.model, engine.method).inc()
 
     def finish(self, record: RequestRecord, answer_id: str | None = None) -> RequestRecord:
         """End with the engine's record; returns it with the route decision, as the
@@ -69,7 +69,7 @@ class RequestTracker:
             return False
         self._ended = True
         self.done.set()
-        self._metrics.in_flight.labels(self._engine.model, self._engine.method).dec()
+        self._metrics.child(self._metrics.in_flight, self._engine.model, self._engine.method).dec()
         if self._on_end is not None:
             self._on_end()
         return True
