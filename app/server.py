@@ -86,6 +86,10 @@ def bind(host: str, port: int) -> socket.socket:
         logger.error("cannot listen on %s port %d: %s", host, port, exc)
         sys.exit(STARTUP_FAILURE)
     shown = f"[{host}]" if ":" in host else host
-    logger.info("%s http://%s:%d (engines starting; connections are refused until they are up)",
-                LISTENING, shown, sock.getsockname()[1])
+    logger.info(
+        "%s http://%s:%d (engines starting; connections are refused until they are up)",
+        LISTENING,
+        shown,
+        sock.getsockname()[1],
+    )
     return sock

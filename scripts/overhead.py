@@ -53,26 +53,60 @@ print("RESULT " + json.dumps({k: result[k] for k in keep if k in result}))
 def one_engine_config(method: str) -> tuple[SpecgateConfig, dict[str, Any]]:
     config = read_config(Settings(config=None))
     model = config.models[MODEL]
-    only = model.model_copy(update={"methods": {method: model.methods[method]}, "default_method": method,
-                                    "auto": None, "ab": None, "shadow": None})
+    only = model.model_copy(
+        update={
+            "methods": {method: model.methods[method]},
+            "default_method": method,
+            "auto": None,
+            "ab": None,
+            "shadow": None,
+        }
+    )
     raw = SpecgateConfig(models={MODEL: only}).model_dump(mode="json", exclude_defaults=True)
     return config, raw
 
 
-def bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int, args: argparse.Namespace
-          ) -> dict[str, Any]:
-    cmd = [sys.executable, "-c", BENCH, "--backend", "vllm", "--base-url", url, "--model", model,
-           "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(args.input_len),
-           "--random-output-len", str(args.output_len), "--num-prompts", str(prompts), "--max-concurrency",
-           str(concurrency), "--ignore-eos", "--seed", "0", "--disable-tqdm", "--temperature", "0"]
+def bench(
+    url: str, model: str, tokenizer: str, concurrency: int, prompts: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-c",
+        BENCH,
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--ignore-eos",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--temperature",
+        "0",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
     return result
 
 
-def measure(server: ServerProcess, model: str, tokenizer: str, concurrency: int, args: argparse.Namespace
-            ) -> dict[str, Any]:
+def measure(
+    server: ServerProcess, model: str, tokenizer: str, concurrency: int, args: argparse.Namespace
+) -> dict[str, Any]:
     api = psutil.Process(server.proc.pid)  # the API process only: EngineCore and workers are its children
     prompts = max(args.min_prompts, args.prompts_per_client * concurrency)
     before = api.cpu_times()
@@ -120,8 +154,12 @@ def main() -> int:
                 order = list(servers) if (p + i) % 2 == 0 else list(reversed(servers))
                 for name in order:
                     server, served = servers[name]
-                    run = {"server": name, "pass": p, "concurrency": c,
-                           **measure(server, served, model.target, c, args)}
+                    run = {
+                        "server": name,
+                        "pass": p,
+                        "concurrency": c,
+                        **measure(server, served, model.target, c, args),
+                    }
                     runs.append(run)
                     console.log(run)
                     time.sleep(1)
@@ -143,18 +181,33 @@ def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
     out = []
     for c in sorted({r["concurrency"] for r in runs}):
         v, s = (lambda k, c=c: _mean(runs, "vllm serve", c, k)), (lambda k, c=c: _mean(runs, "specgate", c, k))
-        out.append([
-            str(c), f"{v('output_throughput'):.1f}", f"{s('output_throughput'):.1f}",
-            f"{s('output_throughput') / v('output_throughput'):.3f}",
-            f"{v('mean_tpot_ms'):.1f} / {s('mean_tpot_ms'):.1f}", f"{v('mean_ttft_ms'):.0f} / {s('mean_ttft_ms'):.0f}",
-            f"{v('api_cpu_ms_per_token'):.3f}", f"{s('api_cpu_ms_per_token'):.3f}",
-            f"{s('api_cpu_ms_per_token') / v('api_cpu_ms_per_token'):.3f}",
-        ])
+        out.append(
+            [
+                str(c),
+                f"{v('output_throughput'):.1f}",
+                f"{s('output_throughput'):.1f}",
+                f"{s('output_throughput') / v('output_throughput'):.3f}",
+                f"{v('mean_tpot_ms'):.1f} / {s('mean_tpot_ms'):.1f}",
+                f"{v('mean_ttft_ms'):.0f} / {s('mean_ttft_ms'):.0f}",
+                f"{v('api_cpu_ms_per_token'):.3f}",
+                f"{s('api_cpu_ms_per_token'):.3f}",
+                f"{s('api_cpu_ms_per_token') / v('api_cpu_ms_per_token'):.3f}",
+            ]
+        )
     return out
 
 
-HEADER = ["concurrency", "vllm serve tok/s", "specgate tok/s", "ratio", "TPOT ms (vllm / specgate)",
-          "TTFT ms (vllm / specgate)", "vllm API CPU ms/token", "specgate API CPU ms/token", "CPU ratio"]
+HEADER = [
+    "concurrency",
+    "vllm serve tok/s",
+    "specgate tok/s",
+    "ratio",
+    "TPOT ms (vllm / specgate)",
+    "TTFT ms (vllm / specgate)",
+    "vllm API CPU ms/token",
+    "specgate API CPU ms/token",
+    "CPU ratio",
+]
 
 
 def summary(runs: list[dict[str, Any]]) -> Table:

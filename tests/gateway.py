@@ -16,8 +16,16 @@ import yaml
 from app.bench.gateway import ServerProcess as GatewayProcess
 from app.bench.gateway import free_port, start_gateway
 
-__all__ = ["GatewayProcess", "descendants", "embedded_model", "free_port", "running_gateway", "start_gateway",
-           "wait_for", "write_config"]
+__all__ = [
+    "GatewayProcess",
+    "descendants",
+    "embedded_model",
+    "free_port",
+    "running_gateway",
+    "start_gateway",
+    "wait_for",
+    "write_config",
+]
 
 
 @contextmanager

@@ -64,9 +64,14 @@ def start_prometheus(workdir: Path, gateway_port: int) -> PrometheusProcess:
     port = free_port()
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(
-        [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     prom = PrometheusProcess(proc, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + 60
@@ -98,5 +103,10 @@ def needs_policies(expr: str) -> bool:
 
 def substitute(expr: str, model: str, methods: str = "none|ngram") -> str:
     """A dashboard query as Grafana would send it, its variables filled in."""
-    return (expr.replace("$__rate_interval", "2m").replace("${model}", model).replace("$model", model)
-            .replace("${method}", methods).replace("$method", methods))
+    return (
+        expr.replace("$__rate_interval", "2m")
+        .replace("${model}", model)
+        .replace("$model", model)
+        .replace("${method}", methods)
+        .replace("$method", methods)
+    )

@@ -150,6 +150,7 @@ def test_the_load_meter_counts_every_request_from_arrival_to_end() -> None:
 # The watchdog: one timer bounds a stream's successive waits. The source stands in for
 # an engine's outputs (no real engine stalls or paces itself on demand).
 
+
 async def watched(limits: RequestClock, gaps: list[float], between: float = 0.0, tasks: bool = False) -> int:
     """Wait for each output under the watchdog (each wait in a task of its own when
     `tasks`, as vLLM's merge of several choices does); sleep `between` between waits."""
@@ -157,6 +158,7 @@ async def watched(limits: RequestClock, gaps: list[float], between: float = 0.0,
     got = 0
     try:
         for gap in gaps:
+
             async def one(gap: float = gap) -> None:
                 dog.waiting()
                 try:
@@ -167,6 +169,7 @@ async def watched(limits: RequestClock, gaps: list[float], between: float = 0.0,
                         raise
                     raise expired from None
                 dog.idle()
+
             await (asyncio.create_task(one()) if tasks else one())
             got += 1
             await asyncio.sleep(between)

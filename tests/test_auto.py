@@ -98,11 +98,14 @@ def test_policy_routes_are_listed_and_every_decision_is_explained(http: httpx.Cl
 
 @pytest.mark.parametrize("workload", ["edit", "chat"])
 def test_auto_ends_up_on_the_method_that_measured_faster(http: httpx.Client, workload: str) -> None:
-    prompts = [[{"role": role, "content": text} for role, text in p.messages]
-               for p in (edit(21) if workload == "edit" else chat(21)).prompts]
+    prompts = [
+        [{"role": role, "content": text} for role, text in p.messages]
+        for p in (edit(21) if workload == "edit" else chat(21)).prompts
+    ]
     # Both methods measured on the same prompts, through the gateway (auto learns from these too).
-    measured = {m: statistics.mean(rate(ask(http, f"{MODEL}:{m}", p)["specgate"]) for p in prompts[:5])
-                for m in METHODS}
+    measured = {
+        m: statistics.mean(rate(ask(http, f"{MODEL}:{m}", p)["specgate"]) for p in prompts[:5]) for m in METHODS
+    }
     picks = [ask(http, f"{MODEL}:auto", p)["specgate"] for p in prompts[5:]]
     late = Counter(r["method"] for r in picks[-10:])
     faster, slower = sorted(METHODS, key=lambda m: -measured[m])
@@ -121,8 +124,9 @@ def test_auto_ends_up_on_the_method_that_measured_faster(http: httpx.Client, wor
 
 def test_ab_weights_hold_and_a_user_sticks(http: httpx.Client) -> None:
     short = [{"role": "user", "content": "Say yes."}]
-    picks = Counter(ask(http, f"{MODEL}:ab", short, max_tokens=2, user=f"user-{i}")["specgate"]["method"]
-                    for i in range(48))
+    picks = Counter(
+        ask(http, f"{MODEL}:ab", short, max_tokens=2, user=f"user-{i}")["specgate"]["method"] for i in range(48)
+    )
     # Binomial(48, 0.75): sd 3; 3.5 sd either way.
     assert abs(picks["none"] - 36) <= 10.5, picks
     sticky = {ask(http, f"{MODEL}:ab", short, max_tokens=2, user="alice")["specgate"]["method"] for _ in range(4)}
@@ -162,8 +166,13 @@ def estimates_of(http: httpx.Client, method: str) -> list[dict[str, Any]]:
 def test_shadows_beyond_their_limit_are_dropped_not_queued(http: httpx.Client) -> None:
     settle(http)
     dropped = series(http, "specgate_shadow_dropped_total", reason="shadow_limit")
-    body = {"model": f"{MODEL}:none", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 12,
-            "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": f"{MODEL}:none",
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     statuses: list[int] = []
 
     def send() -> None:
@@ -212,8 +221,12 @@ def test_every_record_says_the_load_it_met_and_auto_expects_it(http: httpx.Clien
     settle(http)
 
     def send(i: int) -> dict[str, Any]:
-        body = {"model": f"{MODEL}:none", "messages": [{"role": "user", "content": f"Describe {i} cities."}],
-                "max_tokens": 24, "temperature": 0}
+        body = {
+            "model": f"{MODEL}:none",
+            "messages": [{"role": "user", "content": f"Describe {i} cities."}],
+            "max_tokens": 24,
+            "temperature": 0,
+        }
         reply = http.post("/v1/chat/completions", json=body)
         assert reply.status_code == 200, reply.text
         route: dict[str, Any] = reply.json()["specgate"]["route"]

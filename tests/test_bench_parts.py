@@ -51,8 +51,17 @@ def test_targets_default_to_every_engine_and_explicit_ones_are_checked() -> None
 
 def test_each_model_is_sped_up_against_its_own_baseline() -> None:
     def result(target: str, e2e_s: float) -> RequestResult:
-        return RequestResult(target=target, method=target, num_speculative_tokens=None, workload="chat",
-                             load=Load("concurrency", 1), prompt_id="p", start_s=0.0, e2e_s=e2e_s, output_tokens=10)
+        return RequestResult(
+            target=target,
+            method=target,
+            num_speculative_tokens=None,
+            workload="chat",
+            load=Load("concurrency", 1),
+            prompt_id="p",
+            start_s=0.0,
+            e2e_s=e2e_s,
+            output_tokens=10,
+        )
 
     results = [result("a:none", 1.0), result("a:ngram", 0.5), result("b:none", 2.0), result("b:ngram", 1.0)]
     own = {c.target: c.speedup for c in summarize(results, ("a:none", "b:none"))}
@@ -84,9 +93,10 @@ def test_spec_sample_from_vllm_serve_per_request_metrics() -> None:
     payload = PerRequestMetrics(speculative_decoding=SpeculativeDecodingMetrics(**metrics.to_dict()))
     sample = SpecSample.from_response({"usage": {}, "metrics": payload.model_dump()})
     assert sample == SpecSample((1, 1, 1, 0, 1), 14, 4)
-    assert Acceptance(sample.acceptance_histogram, 14, 4).mean_acceptance_length == metrics.to_dict()[
-        "mean_acceptance_length"
-    ]
+    assert (
+        Acceptance(sample.acceptance_histogram, 14, 4).mean_acceptance_length
+        == metrics.to_dict()["mean_acceptance_length"]
+    )
 
 
 def test_request_body_streams_with_usage() -> None:

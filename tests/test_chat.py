@@ -24,8 +24,15 @@ def check_record(record: dict[str, Any], method: str, completion_tokens: int) ->
     assert record["e2e_s"] is not None and record["e2e_s"] >= record["ttft_s"]
     if method == "none":
         assert record["speculative_method"] == "none"
-        for key in ("num_speculative_tokens", "mean_acceptance_length", "draft_acceptance_rate",
-                    "acceptance_histogram", "num_draft_tokens", "num_accepted_draft_tokens", "num_spec_steps"):
+        for key in (
+            "num_speculative_tokens",
+            "mean_acceptance_length",
+            "draft_acceptance_rate",
+            "acceptance_histogram",
+            "num_draft_tokens",
+            "num_accepted_draft_tokens",
+            "num_spec_steps",
+        ):
             assert record[key] is None, key
         return
     assert record["speculative_method"] == "ngram"
@@ -69,8 +76,12 @@ def test_default_method_and_header_override(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize("method", ["none", "ngram"])
 def test_chat_streamed_with_usage(client: openai.OpenAI, method: str) -> None:
     stream = client.chat.completions.create(
-        model=f"{MODEL}:{method}", messages=QUESTION, temperature=0, max_tokens=30,
-        stream=True, stream_options={"include_usage": True},
+        model=f"{MODEL}:{method}",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -101,8 +112,12 @@ def test_stream_sse_framing(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions(client: openai.OpenAI, stream: bool) -> None:
-    kwargs: dict[str, Any] = {"model": f"{MODEL}:ngram", "prompt": "The capital of France is",
-                              "temperature": 0, "max_tokens": 12}
+    kwargs: dict[str, Any] = {
+        "model": f"{MODEL}:ngram",
+        "prompt": "The capital of France is",
+        "temperature": 0,
+        "max_tokens": 12,
+    }
     if not stream:
         completion = client.completions.create(**kwargs)
         assert completion.object == "text_completion"
@@ -118,8 +133,10 @@ def test_completions(client: openai.OpenAI, stream: bool) -> None:
 
 
 def test_completion_from_token_ids(http: httpx.Client) -> None:
-    reply = http.post("/v1/completions", json={"model": f"{MODEL}:none", "prompt": [504, 3575, 282],
-                                               "max_tokens": 4, "temperature": 0})
+    reply = http.post(
+        "/v1/completions",
+        json={"model": f"{MODEL}:none", "prompt": [504, 3575, 282], "max_tokens": 4, "temperature": 0},
+    )
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["prompt_tokens"] == 3
 
@@ -128,9 +145,14 @@ def test_sampling_fields(client: openai.OpenAI) -> None:
     # Seeded sampling repeats on the baseline engine; vLLM's speculative engines
     # (0.32, CPU) do not promise it, so reproducibility is checked on "none".
     common: dict[str, Any] = {
-        "model": f"{MODEL}:none", "messages": [{"role": "user", "content": "Tell me a story."}],
-        "temperature": 0.9, "top_p": 0.9, "seed": 1234, "max_completion_tokens": 20,
-        "presence_penalty": 0.5, "frequency_penalty": 0.5,
+        "model": f"{MODEL}:none",
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "temperature": 0.9,
+        "top_p": 0.9,
+        "seed": 1234,
+        "max_completion_tokens": 20,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
     }
     first = client.chat.completions.create(**common)
     second = client.chat.completions.create(**common)
@@ -146,8 +168,9 @@ def test_sampling_fields(client: openai.OpenAI) -> None:
 
 def test_stop_and_max_tokens(client: openai.OpenAI) -> None:
     prompt = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
-    stopped = client.chat.completions.create(model=f"{MODEL}:ngram", messages=prompt, temperature=0,
-                                             max_tokens=100, stop=["5"])
+    stopped = client.chat.completions.create(
+        model=f"{MODEL}:ngram", messages=prompt, temperature=0, max_tokens=100, stop=["5"]
+    )
     assert stopped.choices[0].finish_reason == "stop"
     assert "5" not in (stopped.choices[0].message.content or "")
     capped = client.chat.completions.create(model=f"{MODEL}:ngram", messages=prompt, temperature=0, max_tokens=3)
@@ -156,8 +179,9 @@ def test_stop_and_max_tokens(client: openai.OpenAI) -> None:
 
 
 def test_logprobs(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model=f"{MODEL}:ngram", messages=QUESTION, temperature=0,
-                                                max_tokens=8, logprobs=True, top_logprobs=3)
+    completion = client.chat.completions.create(
+        model=f"{MODEL}:ngram", messages=QUESTION, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
     content = completion.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == completion.usage.completion_tokens  # type: ignore[union-attr]
     # The tokens include the end-of-turn token, which is not part of the text.

@@ -49,19 +49,43 @@ def test_valid_config_round_trips() -> None:
         ({"models": {}}, "cfg.yaml: models: "),
         ({"models": {"m": model(default_method="eagle3")}}, "default_method 'eagle3' is not one of the methods"),
         ({"models": {"m": model(engine={"max_model_len": -1})}}, "cfg.yaml: models.m.engine.max_model_len:"),
-        ({"models": {"m": model(engine={"gpu_memory_utilisation": 0.5})}},
-         "cfg.yaml: models.m.engine.gpu_memory_utilisation: Extra inputs are not permitted"),
-        ({"models": {"m": model(methods={"x": {"speculative_config": {"num_speculative_tokens": 3}}},
-                                default_method="x")}},
-         "models.m.methods.x.speculative_config: speculative_config needs an explicit 'method'"),
+        (
+            {"models": {"m": model(engine={"gpu_memory_utilisation": 0.5})}},
+            "cfg.yaml: models.m.engine.gpu_memory_utilisation: Extra inputs are not permitted",
+        ),
+        (
+            {
+                "models": {
+                    "m": model(methods={"x": {"speculative_config": {"num_speculative_tokens": 3}}}, default_method="x")
+                }
+            },
+            "models.m.methods.x.speculative_config: speculative_config needs an explicit 'method'",
+        ),
         ({"models": {"a:b": model()}}, "model name 'a:b' must be non-empty, without ':'"),
         ({"models": {"m": model(methods={"x:y": {}}, default_method="x:y")}}, "method name 'x:y'"),
         ({"models": {"m": model(target=None)}}, "cfg.yaml: models.m.target:"),
-        ({"models": {"m": model(methods={"none": {}, "eagle3": {"speculative_config": {
-            "method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_length": 2.5}}})}},
-         "models.m.methods: method 'eagle3' has rejection_sample_method 'synthetic' (output not lossless): "
-         "its name must say so, e.g. 'eagle3-synthetic'"),
+        (
+            {
+                "models": {
+                    "m": model(
+                        methods={
+                            "none": {},
+                            "eagle3": {
+                                "speculative_config": {
+                                    "method": "eagle3",
+                                    "model": "/d",
+                                    "num_speculative_tokens": 3,
+                                    "rejection_sample_method": "synthetic",
+                                    "synthetic_acceptance_length": 2.5,
+                                }
+                            },
+                        }
+                    )
+                }
+            },
+            "models.m.methods: method 'eagle3' has rejection_sample_method 'synthetic' (output not lossless): "
+            "its name must say so, e.g. 'eagle3-synthetic'",
+        ),
     ],
 )
 def test_invalid_configs_name_the_key(raw: Any, expected: str) -> None:
@@ -81,7 +105,11 @@ def test_method_engine_settings_override_model_settings() -> None:
     base = EngineSettings(max_model_len=2048, enforce_eager=True, extra_args={"a": 1, "b": 1})
     merged = base.merged(EngineSettings(enforce_eager=False, device_ids=[2, 3], extra_args={"b": 2}))
     assert merged.to_engine_kwargs() == {
-        "max_model_len": 2048, "enforce_eager": False, "device_ids": [2, 3], "a": 1, "b": 2,
+        "max_model_len": 2048,
+        "enforce_eager": False,
+        "device_ids": [2, 3],
+        "a": 1,
+        "b": 2,
     }
 
 
@@ -101,8 +129,9 @@ def test_shipped_configs_load() -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=600,
-                          cwd=repo_root())
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=600, cwd=repo_root()
+    )
 
 
 def test_serve_refuses_invalid_file_before_any_engine(tmp_path: Path) -> None:
@@ -117,8 +146,9 @@ def test_serve_refuses_invalid_file_before_any_engine(tmp_path: Path) -> None:
 def test_vllm_rejection_names_model_and_method(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_maximum": 3}
-    raw = {"models": {"tiny": model(target="embedded:smollm2",
-                                    methods={"none": {}, "typo": {"speculative_config": spec}})}}
+    raw = {
+        "models": {"tiny": model(target="embedded:smollm2", methods={"none": {}, "typo": {"speculative_config": spec}})}
+    }
     path.write_text(yaml.safe_dump(raw))
     result = run_cli("check-config", "--config", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
@@ -213,9 +243,19 @@ def test_a_serving_flag_among_engine_args_is_refused_by_name() -> None:
 def test_serving_options_reach_the_vllm_command() -> None:
     from app.engines.vllm_command import serve_args
 
-    served = parse_config({"models": {"m": model(serving={
-        "tool_call_parser": "xlam", "enable_auto_tool_choice": True,
-        "default_chat_template_kwargs": {"enable_thinking": False}})}}).models["m"]
+    served = parse_config(
+        {
+            "models": {
+                "m": model(
+                    serving={
+                        "tool_call_parser": "xlam",
+                        "enable_auto_tool_choice": True,
+                        "default_chat_template_kwargs": {"enable_thinking": False},
+                    }
+                )
+            }
+        }
+    ).models["m"]
     line = serve_args("m", served, "none")
     assert line[line.index("--tool-call-parser") + 1] == "xlam"
     assert "--enable-auto-tool-choice" in line

@@ -124,8 +124,9 @@ def tool(name: str) -> str:
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*map(str, args)], capture_output=True, text=True, timeout=120, check=False,
-                          cwd=REPO, env=env)
+    return subprocess.run(
+        [*map(str, args)], capture_output=True, text=True, timeout=120, check=False, cwd=REPO, env=env
+    )
 
 
 def env_file(config: Path) -> Path:
@@ -223,7 +224,7 @@ def docker_run(argv: list[str]) -> tuple[dict[str, list[str]], str, list[str]]:
         else:
             options.setdefault(name, []).append("")
         i += 1
-    return options, argv[i], argv[i + 1:]
+    return options, argv[i], argv[i + 1 :]
 
 
 def image_rocm_env() -> dict[str, str]:
@@ -239,8 +240,10 @@ def header_command_problems(config: Path, text: str) -> list[str]:
     they must be: `specgate vllm-command` of the remote method in its per-host file, in
     the vLLM image Dockerfile.rocm builds on, on the url's port, with the environment
     the engine has in specgate's image."""
-    remote = {httpx.URL(url).port: (model, method) for model, method, url, _ in
-              remote_methods(parse_config(yaml.safe_load(text), source=config.name))}
+    remote = {
+        httpx.URL(url).port: (model, method)
+        for model, method, url, _ in remote_methods(parse_config(yaml.safe_load(text), source=config.name))
+    }
     (base,) = [args for op, args in dockerfile_instructions() if op == "FROM"]
     problems: list[str] = []
     commands = header_commands(text)
@@ -261,8 +264,10 @@ def header_command_problems(config: Path, text: str) -> list[str]:
         if image != base:
             problems.append(f"{where}: image {image}, not {base} (Dockerfile.rocm's FROM)")
         if options.get("--entrypoint") != ["vllm"] or ["vllm", *args] != expected:
-            problems.append(f"{where}: not `specgate vllm-command` of {per_host_file_of(model, method).name}:"
-                            f"\n  header: {shlex.join(['vllm', *args])}\n  prints: {shlex.join(expected)}")
+            problems.append(
+                f"{where}: not `specgate vllm-command` of {per_host_file_of(model, method).name}:"
+                f"\n  header: {shlex.join(['vllm', *args])}\n  prints: {shlex.join(expected)}"
+            )
         env = dict(pair.split("=", 1) for pair in options.get("-e", []) if "=" in pair)
         wanted = {**image_rocm_env(), **read_env_file(env_file(per_host_file_of(model, method)))}
         if env != wanted:
@@ -291,9 +296,11 @@ def fits(annotation: Any, value: Any) -> bool:
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    joined = re.sub(r"\\\n", " ", "\n".join(
-        line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")
-    ))
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in joined.splitlines() if line.strip()]
 
 
@@ -367,8 +374,9 @@ def test_dockerfile_entrypoint_health_and_environment() -> None:
 
 
 def test_dockerignore_lets_every_copied_path_in() -> None:
-    allowed = [line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.startswith("!")]
+    allowed = [
+        line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    ]
     for op, args in dockerfile_instructions():
         if op == "COPY":
             for source in args.split()[:-1]:
@@ -381,11 +389,20 @@ def test_check_vllm_accepts_the_configs_and_names_what_vllm_lacks(tmp_path: Path
     assert check.problems(CONFIGS) == []
     bad = tmp_path / "bad.yaml"
     spec = {"method": "medusa2", "num_speculative_tokens": 3, "draft_tp": 2}
-    bad.write_text(yaml.safe_dump({"models": {"m": {
-        "target": "x", "default_method": "s",
-        "engine": {"extra_args": {"enable_tool_parsing": True}},
-        "methods": {"s": {"speculative_config": spec}},
-    }}}))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "m": {
+                        "target": "x",
+                        "default_method": "s",
+                        "engine": {"extra_args": {"enable_tool_parsing": True}},
+                        "methods": {"s": {"speculative_config": spec}},
+                    }
+                }
+            }
+        )
+    )
     found = "\n".join(check.problems([bad]))
     for expected in ("engine argument 'enable_tool_parsing'", "no field 'draft_tp'", "speculative method 'medusa2'"):
         assert expected in found
@@ -560,10 +577,14 @@ def test_two_host_config_joins_its_per_host_files(config: Path) -> None:
                 source.target == model.target
                 and (source.engine_for(method_name).to_engine_kwargs(), source.methods[method_name].speculative_config)
                 == (kwargs, method.speculative_config)
-                for source in sources.values() if method_name in source.methods
+                for source in sources.values()
+                if method_name in source.methods
             ), f"{where}: not as in a per-host file"
-        host1 = [path for path, source in sources.items()
-                 if set(source.methods) == {m for m, cfg in model.methods.items() if not cfg.remote}]
+        host1 = [
+            path
+            for path, source in sources.items()
+            if set(source.methods) == {m for m, cfg in model.methods.items() if not cfg.remote}
+        ]
         assert len(host1) == 1, f"{config.name}: host 1's in-process engines are those of one per-host file"
 
 
@@ -584,13 +605,14 @@ def test_header_command_check_is_not_vacuous(monkeypatch: pytest.MonkeyPatch) ->
         ("-e VLLM_ROCM_USE_AITER=1", "-e VLLM_ROCM_USE_AITER=0", "environment"),
         ("-p 8000:8000", "-p 8001:8000", "no remote method has port 8001"),
         ("vllm/vllm-openai-rocm:v", "vllm/vllm-openai-rocm:x", "Dockerfile.rocm's FROM"),
-        ("num_speculative_tokens\":7", "num_speculative_tokens\":3", "not `specgate vllm-command`"),
+        ('num_speculative_tokens":7', 'num_speculative_tokens":3', "not `specgate vllm-command`"),
     ]:
         assert old in text, old
         found = "\n".join(header_command_problems(config, text.replace(old, new, 1)))
         assert expected in found, (old, found)
     assert "docker run commands for 1 remote methods" in "\n".join(
-        header_command_problems(config, text.replace("#   docker run", "#   docker-run")))
+        header_command_problems(config, text.replace("#   docker run", "#   docker-run"))
+    )
 
 
 def same_value(expected: Any, parsed: Any) -> bool:
@@ -631,8 +653,14 @@ def test_host_2_commands_are_the_in_process_engines_for_vllm_serve(
         namespace.model = namespace.model_tag
         parsed = vars(AsyncEngineArgs.from_cli_args(namespace))
         expected = vars(build_engine_args(EngineId(model, method), source))
-        keys = {*source.engine_for(method).to_engine_kwargs(), "model", "served_model_name", "tokenizer",
-                "speculative_config", "per_request_spec_decode_metrics"}
+        keys = {
+            *source.engine_for(method).to_engine_kwargs(),
+            "model",
+            "served_model_name",
+            "tokenizer",
+            "speculative_config",
+            "per_request_spec_decode_metrics",
+        }
         for key in sorted(keys):
             assert same_value(expected[key], parsed[key]), f"{config.name}: {model}:{method}: {key}"
         assert parsed["per_request_spec_decode_metrics"] == "summary"
@@ -665,8 +693,11 @@ def test_check_config_accepts_the_remote_methods(
     for name, model in raw["models"].items():
         model["methods"] = {k: m for k, m in model["methods"].items() if "url" in m}
         model["default_method"] = next(iter(model["methods"]))
-        expected += [f"ok  {name}:{k}  method={m['speculative_config']['method']}  "
-                     f"N={m['speculative_config']['num_speculative_tokens']}" for k, m in model["methods"].items()]
+        expected += [
+            f"ok  {name}:{k}  method={m['speculative_config']['method']}  "
+            f"N={m['speculative_config']['num_speculative_tokens']}"
+            for k, m in model["methods"].items()
+        ]
     remote_only = tmp_path / config.name
     remote_only.write_text(yaml.safe_dump(raw))
     capsys.readouterr()
@@ -774,7 +805,10 @@ def test_k8s_deployment_wiring() -> None:
     (port,) = container["ports"]
     probes = {kind: container[kind] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
     assert {kind: p["httpGet"]["path"] for kind, p in probes.items()} == {
-        "startupProbe": "/health", "livenessProbe": "/health", "readinessProbe": "/ready"}
+        "startupProbe": "/health",
+        "livenessProbe": "/health",
+        "readinessProbe": "/ready",
+    }
     assert all(p["httpGet"]["port"] == port["name"] for p in probes.values())
     startup = probes["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600, "engines take minutes to hours to start"

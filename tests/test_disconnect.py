@@ -25,8 +25,10 @@ def unfinished(http: httpx.Client, engine: str) -> int:
 def test_stream_disconnect_aborts(gateway_url: str, http: httpx.Client) -> None:
     engine = f"{MODEL}:ngram"
     body = {**LONG, "model": engine, "stream": True}
-    with httpx.Client(base_url=gateway_url, timeout=60) as own, \
-            own.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        httpx.Client(base_url=gateway_url, timeout=60) as own,
+        own.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         assert response.status_code == 200
         lines = response.iter_lines()
         for _ in range(5):

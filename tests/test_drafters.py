@@ -60,22 +60,33 @@ def groups() -> dict[str, dict[str, Any]]:
     for engine, (kind, n) in ENGINES.items():
         if engine.startswith(f"{MODEL}:"):
             method = engine.partition(":")[2]
-            methods[method] = {"speculative_config": {"method": method, "model": f"generated:{kind}",
-                                                      "num_speculative_tokens": n}}
+            methods[method] = {
+                "speculative_config": {"method": method, "model": f"generated:{kind}", "num_speculative_tokens": n}
+            }
     methods["suffix"] = {"speculative_config": {"method": "suffix", "num_speculative_tokens": SUFFIX_N}}
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": ENGINES[f"{MIMO}:mtp"][1]}}
-    assistant = {"speculative_config": {"method": "mtp", "model": "generated:gemma4-assistant-probe",
-                                        "num_speculative_tokens": ENGINES[f"{GEMMA}:mtp"][1]}}
+    assistant = {
+        "speculative_config": {
+            "method": "mtp",
+            "model": "generated:gemma4-assistant-probe",
+            "num_speculative_tokens": ENGINES[f"{GEMMA}:mtp"][1],
+        }
+    }
     # A quarter of the default KV budget each keeps five engines well within memory.
     engine = {**embedded_model()["engine"], "kv_cache_memory_bytes": KV_BYTES}
     return {
         "drafters": {MODEL: embedded_model(engine=engine, default_method="none", methods=methods)},
         "mtp": {
             MODEL: embedded_model(engine=engine, default_method="none", methods={"none": {}}),
-            MIMO: embedded_model(target="generated:mimo-mtp-probe", engine=engine, default_method="none",
-                                 methods={"none": {}, "mtp": mtp}),
-            GEMMA: embedded_model(target="generated:gemma4", engine=engine, default_method="none",
-                                  methods={"none": {}, "mtp": assistant}),
+            MIMO: embedded_model(
+                target="generated:mimo-mtp-probe",
+                engine=engine,
+                default_method="none",
+                methods={"none": {}, "mtp": mtp},
+            ),
+            GEMMA: embedded_model(
+                target="generated:gemma4", engine=engine, default_method="none", methods={"none": {}, "mtp": assistant}
+            ),
         },
     }
 
@@ -121,10 +132,16 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GroupGateways
 def ask(
     http: httpx.Client, engine: str, prompt: str, max_tokens: int = MAX_TOKENS
 ) -> tuple[str, list[str], dict[str, Any]]:
-    reply = http.post("/v1/chat/completions", json={
-        "model": engine, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens, "temperature": 0, "logprobs": True,
-    })
+    reply = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": engine,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": True,
+        },
+    )
     assert reply.status_code == 200, reply.text
     data = reply.json()
     tokens = [t["token"] for t in data["choices"][0]["logprobs"]["content"]]
@@ -229,12 +246,32 @@ def test_a_generated_target_that_is_a_drafter_names_the_key(tmp_path: Path) -> N
         resolve_embedded_targets(parse_config(raw), tmp_path)
 
 
-@pytest.mark.parametrize(("kind", "message"), [("medusa", "unknown generated drafter"),
-                                               ("mimo-mtp", "is a generated target, not a drafter"),
-                                               ("gemma4-assistant", "needs a Gemma-4 text target")])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("medusa", "unknown generated drafter"),
+        ("mimo-mtp", "is a generated target, not a drafter"),
+        ("gemma4-assistant", "needs a Gemma-4 text target"),
+    ],
+)
 def test_wrong_generated_drafter_names_the_key(tmp_path: Path, kind: str, message: str) -> None:
-    raw = {"models": {"m": {"target": str(target_folder()), "default_method": "e", "methods": {
-        "e": {"speculative_config": {"method": "eagle3", "model": f"generated:{kind}", "num_speculative_tokens": 2}}}}}}
+    raw = {
+        "models": {
+            "m": {
+                "target": str(target_folder()),
+                "default_method": "e",
+                "methods": {
+                    "e": {
+                        "speculative_config": {
+                            "method": "eagle3",
+                            "model": f"generated:{kind}",
+                            "num_speculative_tokens": 2,
+                        }
+                    }
+                },
+            }
+        }
+    }
     with pytest.raises(ConfigError, match=r"models\.m\.methods\.e\.speculative_config\.model: ") as error:
         resolve_embedded_targets(parse_config(raw), tmp_path)
     assert message in str(error.value)
@@ -245,8 +282,14 @@ def dspark_config(drafter: Path, **extra: Any) -> Any:
     from vllm.config.speculative import SpeculativeConfig
 
     target = ModelConfig(model=str(target_folder()), max_model_len=1024)
-    return SpeculativeConfig(method="dspark", model=str(drafter), num_speculative_tokens=3,
-                             target_model_config=target, target_parallel_config=ParallelConfig(), **extra)
+    return SpeculativeConfig(
+        method="dspark",
+        model=str(drafter),
+        num_speculative_tokens=3,
+        target_model_config=target,
+        target_parallel_config=ParallelConfig(),
+        **extra,
+    )
 
 
 def test_a_generated_dspark_drafter_passes_vllms_speculative_config(tmp_path: Path) -> None:
@@ -261,10 +304,15 @@ def test_a_generated_dspark_drafter_passes_vllms_speculative_config(tmp_path: Pa
 def test_a_dspark_engine_is_refused_here_by_vllms_model_runner_check(tmp_path: Path) -> None:
     # What docs/methods.md says: only vLLM's V2 model runner serves DSpark, and it needs Triton.
     dspark = {"speculative_config": {"method": "dspark", "model": "generated:dspark", "num_speculative_tokens": 3}}
-    config = write_config(tmp_path / "dspark.yaml", {MODEL: embedded_model(methods={"none": {}, "dspark": dspark},
-                                                                          default_method="none")})
-    done = subprocess.run([sys.executable, "-m", "app", "check-config", "--config", str(config)],
-                          capture_output=True, text=True, timeout=600)
+    config = write_config(
+        tmp_path / "dspark.yaml", {MODEL: embedded_model(methods={"none": {}, "dspark": dspark}, default_method="none")}
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"engine {MODEL}:dspark" in done.stderr
     assert "Model Runner V1 does not support: dspark speculative decoding" in done.stderr

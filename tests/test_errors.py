@@ -38,8 +38,7 @@ BAD_BODIES: dict[str, dict[str, Any]] = {
     "greedy with n>1": {"model": MODEL, "messages": MESSAGES, "n": 2, "temperature": 0},
     "min_p on a speculating engine": {"model": f"{MODEL}:ngram", "messages": MESSAGES, "min_p": 0.1},
     "max_tokens beyond context": {"model": MODEL, "messages": MESSAGES, "max_tokens": 100000},
-    "stream_options without stream": {"model": MODEL, "messages": MESSAGES,
-                                      "stream_options": {"include_usage": True}},
+    "stream_options without stream": {"model": MODEL, "messages": MESSAGES, "stream_options": {"include_usage": True}},
 }
 
 
@@ -95,8 +94,11 @@ def test_unknown_fields_are_ignored_as_vllm_does(http: httpx.Client) -> None:
 
 
 def test_malformed_json(http: httpx.Client) -> None:
-    reply = http.post("/v1/chat/completions", content=b'{"model": "smollm2", "messages": [',
-                      headers={"content-type": "application/json"})
+    reply = http.post(
+        "/v1/chat/completions",
+        content=b'{"model": "smollm2", "messages": [',
+        headers={"content-type": "application/json"},
+    )
     assert_error(reply, 400)
 
 
@@ -115,8 +117,9 @@ def test_unknown_model_or_method(http: httpx.Client, model: str) -> None:
 
 
 def test_unknown_method_in_header(http: httpx.Client) -> None:
-    reply = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES},
-                      headers={"X-Spec-Method": "eagle9"})
+    reply = http.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, headers={"X-Spec-Method": "eagle9"}
+    )
     assert_error(reply, 404, code="model_not_found")
 
 

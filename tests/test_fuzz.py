@@ -42,8 +42,9 @@ def fuzz(operation: schemathesis.APIOperation, mode: GenerationMode, url: str) -
     sent: list[int] = []
     server_errors: list[str] = []
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def call(case: schemathesis.Case) -> None:
         if isinstance(case.body, dict):

@@ -23,8 +23,16 @@ pytestmark = pytest.mark.engine  # starts gateways of its own
 
 def one_engine_config(tmp_path: Path, **engine: Any) -> Path:
     settings = {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456, "enforce_eager": True, **engine}
-    raw = {"models": {"tiny": {"target": "embedded:smollm2", "engine": settings,
-                               "methods": {"none": {}}, "default_method": "none"}}}
+    raw = {
+        "models": {
+            "tiny": {
+                "target": "embedded:smollm2",
+                "engine": settings,
+                "methods": {"none": {}},
+                "default_method": "none",
+            }
+        }
+    }
     path = tmp_path / "one.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -63,8 +71,18 @@ def test_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        serve = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--config", str(one_engine_config(tmp_path))]
+        serve = [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--config",
+            str(one_engine_config(tmp_path)),
+        ]
         done = subprocess.run(serve, capture_output=True, text=True, timeout=120)
     assert done.returncode == STARTUP_FAILURE, done.stderr[-3000:]
     assert f"cannot listen on 127.0.0.1 port {port}" in done.stderr

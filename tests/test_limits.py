@@ -40,10 +40,13 @@ SHORT = {"model": ENGINE, "messages": [{"role": "user", "content": "Say hi."}], 
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("limits")
     ngram = embedded_model()["methods"]["ngram"]
-    model = embedded_model(default_method="none", methods={
-        "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
-        "ngram": ngram,
-    })
+    model = embedded_model(
+        default_method="none",
+        methods={
+            "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
+            "ngram": ngram,
+        },
+    )
     config = write_config(tmp / "limited.yaml", {MODEL: model})  # engines start in this order
     with running_gateway(tmp / "gateway.log", config, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)}) as gateway:
         with httpx.Client(base_url=gateway.url, timeout=120) as warm:  # the first request of an engine is slow
@@ -84,15 +87,19 @@ def beyond_place_and_queue(gw: httpx.Client, limited: GatewayProcess) -> None:
     queued_status: list[int] = []
 
     def queued_client() -> None:
-        with httpx.Client(base_url=limited.url, timeout=120) as own, \
-                own.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as response:
+        with (
+            httpx.Client(base_url=limited.url, timeout=120) as own,
+            own.stream("POST", "/v1/chat/completions", json={**SHORT, "stream": True}) as response,
+        ):
             queued_status.append(response.status_code)
             response.read()
 
     rejected_before = series(gw, "specgate_requests_rejected_total", reason="overloaded")
     sent = time.monotonic()
-    with httpx.Client(base_url=limited.url, timeout=120) as own, \
-            own.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as first:
+    with (
+        httpx.Client(base_url=limited.url, timeout=120) as own,
+        own.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as first,
+    ):
         assert first.status_code == 200
         lines = first.iter_lines()
         first_line = next(lines)
@@ -100,8 +107,10 @@ def beyond_place_and_queue(gw: httpx.Client, limited: GatewayProcess) -> None:
         waiter = threading.Thread(target=queued_client)
         waiter.start()
         queued = wait_for(lambda: series(gw, "specgate_requests_queued", method="none") == 1, 10)
-        assert queued, (f"first token after {first_token_s:.1f} s ({first_line[:80]!r}); queued client: "
-                        f"{queued_status}; {time.monotonic() - sent:.1f} s since the first was sent")
+        assert queued, (
+            f"first token after {first_token_s:.1f} s ({first_line[:80]!r}); queued client: "
+            f"{queued_status}; {time.monotonic() - sent:.1f} s since the first was sent"
+        )
         started = time.monotonic()
         refused = gw.post("/v1/chat/completions", json=SHORT)
         assert time.monotonic() - started < 2
@@ -144,8 +153,9 @@ def test_total_timeout_aborts_the_engine_request(gw: httpx.Client) -> None:
 def test_limits_in_the_config_file_name_the_key(tmp_path: Path) -> None:
     from app.config import ConfigError, parse_config
 
-    raw = {"models": {"m": {"target": "x", "default_method": "a", "limits": {"max_in_flight": 0},
-                            "methods": {"a": {}}}}}
+    raw = {
+        "models": {"m": {"target": "x", "default_method": "a", "limits": {"max_in_flight": 0}, "methods": {"a": {}}}}
+    }
     with pytest.raises(ConfigError, match=r"models\.m\.limits\.max_in_flight: Input should be greater than 0"):
         parse_config(raw)
 
@@ -166,8 +176,9 @@ class SoakResult:
 
 
 def soak_plan(seed: int) -> list[str]:
-    kinds = (["answer"] * 55 + ["stream"] * 15 + ["disconnect"] * 10 + ["timeout"] * 5 + ["overload"] * 10
-             + ["oversize"] * 5)
+    kinds = (
+        ["answer"] * 55 + ["stream"] * 15 + ["disconnect"] * 10 + ["timeout"] * 5 + ["overload"] * 10 + ["oversize"] * 5
+    )
     rng = random.Random(seed)
     return [rng.choice(kinds) for _ in range(SOAK_REQUESTS)]
 
@@ -188,8 +199,13 @@ async def soak_one(client: httpx.AsyncClient, kind: str, i: int) -> SoakResult:
             return SoakResult(kind, reply.status_code, error_type=data["error"]["type"])
         finished = data["choices"][0]["finish_reason"] in ("stop", "length") and data["specgate"] is not None
         return SoakResult(kind, 200, complete=finished and data["specgate"]["completion_tokens"] > 0)
-    body = {"model": SPEC, "messages": prompt, "max_tokens": 16 if kind == "stream" else 400, "stream": True,
-            "ignore_eos": kind == "disconnect"}
+    body = {
+        "model": SPEC,
+        "messages": prompt,
+        "max_tokens": 16 if kind == "stream" else 400,
+        "stream": True,
+        "ignore_eos": kind == "disconnect",
+    }
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         events: list[str] = []
         async for line in response.aiter_lines():

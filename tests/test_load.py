@@ -69,12 +69,21 @@ REQUEST = RouteRequest(prompt_text=lambda: "What is the capital of France? Answe
 def observe(policy: AutoPolicy, method: str, load_met: float, rate: float, times: int = 3) -> None:
     """Records that arrived on an idle device (load 0) but met `load_met`."""
     for _ in range(times):
-        policy.observe(RequestRecord(
-            model="m", method=method, engine=f"m:{method}", speculative_method=method, num_speculative_tokens=None,
-            prompt_tokens=10, completion_tokens=48, finish_reasons=("length",), spec=None,
-            timing=Timing(e2e_s=48 / rate, decode_tokens_per_s=rate),
-            route=RouteDecision("explicit", "requested", REQUEST.features.bucket, load=0, load_met=load_met),
-        ))
+        policy.observe(
+            RequestRecord(
+                model="m",
+                method=method,
+                engine=f"m:{method}",
+                speculative_method=method,
+                num_speculative_tokens=None,
+                prompt_tokens=10,
+                completion_tokens=48,
+                finish_reasons=("length",),
+                spec=None,
+                timing=Timing(e2e_s=48 / rate, decode_tokens_per_s=rate),
+                route=RouteDecision("explicit", "requested", REQUEST.features.bucket, load=0, load_met=load_met),
+            )
+        )
 
 
 def idle() -> dict[str, EngineLoad]:

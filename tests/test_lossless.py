@@ -8,8 +8,10 @@ import pytest
 
 from tests.conftest import MODEL
 
-FRUITS = ("apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
-          "mango, nectarine, orange, papaya, quince, raspberry")
+FRUITS = (
+    "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
+    "mango, nectarine, orange, papaya, quince, raspberry"
+)
 PROMPTS = [
     f"Repeat this list exactly: {FRUITS}.",
     "Write a short poem about the sea.",
@@ -20,8 +22,12 @@ PROMPTS = [
 
 def greedy_tokens(client: openai.OpenAI, method: str, prompt: str) -> tuple[list[str], dict[str, object]]:
     completion = client.chat.completions.create(
-        model=f"{MODEL}:{method}", messages=[{"role": "user", "content": prompt}],
-        temperature=0, max_tokens=96, logprobs=True, top_logprobs=0,
+        model=f"{MODEL}:{method}",
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=96,
+        logprobs=True,
+        top_logprobs=0,
     )
     content = completion.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None

@@ -22,8 +22,10 @@ from tests.gateway import GatewayProcess
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-PROMPTS = ["Repeat this list exactly: red, green, blue, cyan, magenta, yellow, black, white.",
-           "Name three rivers in Europe."]
+PROMPTS = [
+    "Repeat this list exactly: red, green, blue, cyan, magenta, yellow, black, white.",
+    "Name three rivers in Europe.",
+]
 
 
 def scrape(http: httpx.Client) -> Samples:
@@ -43,12 +45,18 @@ def send_traffic(client: openai.OpenAI, http: httpx.Client) -> list[dict[str, An
     records = []
     for method in ("none", "ngram"):
         for prompt in PROMPTS:
-            reply = client.chat.completions.create(model=f"{MODEL}:{method}", temperature=0, max_tokens=48,
-                                                   messages=[{"role": "user", "content": prompt}])
+            reply = client.chat.completions.create(
+                model=f"{MODEL}:{method}", temperature=0, max_tokens=48, messages=[{"role": "user", "content": prompt}]
+            )
             records.append(reply.model_extra["specgate"])
-        stream = client.chat.completions.create(model=f"{MODEL}:{method}", temperature=0, max_tokens=24,
-                                                messages=[{"role": "user", "content": PROMPTS[0]}],
-                                                stream=True, stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model=f"{MODEL}:{method}",
+            temperature=0,
+            max_tokens=24,
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         records.append(list(stream)[-1].model_extra["specgate"])
         text = client.completions.create(model=f"{MODEL}:{method}", prompt="One, two, three,", max_tokens=16)
         records.append(text.model_extra["specgate"])
@@ -120,8 +128,10 @@ def test_counters_move_by_exactly_the_records(http: httpx.Client, client: openai
         for position in range(1, 5):
             expected = sum(sum(r["acceptance_histogram"][position:]) for r in recs)
             assert delta("specgate_spec_accepted_tokens_by_position_total", **lab, position=str(position)) == expected
-            assert delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", **vlab,
-                         position=str(position - 1)) == expected
+            assert (
+                delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", **vlab, position=str(position - 1))
+                == expected
+            )
 
 
 def test_engine_gauges(http: httpx.Client) -> None:
@@ -136,13 +146,33 @@ def test_engine_gauges(http: httpx.Client) -> None:
 
 def test_registry_names_units_and_labels() -> None:
     metrics = GatewayMetrics()
-    metrics.observe(RequestRecord(model="m", method="x", engine="m:x", speculative_method="ngram",
-                                  num_speculative_tokens=2, prompt_tokens=5, completion_tokens=9,
-                                  finish_reasons=("stop",), spec=SpecCounts((1, 1, 2), 8),
-                                  timing=Timing(ttft_s=0.1, decode_tokens_per_s=20.0, e2e_s=0.5)))
+    metrics.observe(
+        RequestRecord(
+            model="m",
+            method="x",
+            engine="m:x",
+            speculative_method="ngram",
+            num_speculative_tokens=2,
+            prompt_tokens=5,
+            completion_tokens=9,
+            finish_reasons=("stop",),
+            spec=SpecCounts((1, 1, 2), 8),
+            timing=Timing(ttft_s=0.1, decode_tokens_per_s=20.0, e2e_s=0.5),
+        )
+    )
     metrics.observe_failure("m", "x", "cancelled")
-    allowed = {"model", "method", "outcome", "position", "model_name", "engine", "finished_reason", "le", "reason",
-               "policy"}
+    allowed = {
+        "model",
+        "method",
+        "outcome",
+        "position",
+        "model_name",
+        "engine",
+        "finished_reason",
+        "le",
+        "reason",
+        "policy",
+    }
     for family in metrics.registry.collect():
         assert family.name.startswith(("specgate_", "vllm:")), family.name
         assert ":" not in family.name or family.name.startswith("vllm:")
@@ -190,7 +220,8 @@ def check_against_records(prom: Any, grouped: dict[str, list[dict[str, Any]]], s
     def mean_rate(method: str) -> tuple[float, float]:
         s = f'{{model="{MODEL}",method="{method}"}}'
         prom_mean = delta(f"sum(specgate_request_decode_tokens_per_second_sum{s})") / delta(
-            f"sum(specgate_request_decode_tokens_per_second_count{s})")
+            f"sum(specgate_request_decode_tokens_per_second_count{s})"
+        )
         rates = [r["decode_tokens_per_s"] for r in grouped[method] if r["decode_tokens_per_s"]]
         return prom_mean, sum(rates) / len(rates)
 
@@ -198,16 +229,16 @@ def check_against_records(prom: Any, grouped: dict[str, list[dict[str, Any]]], s
     assert prom_ngram / prom_none == pytest.approx(rec_ngram / rec_none, rel=1e-6)
 
 
-def test_access_log_has_one_json_line_per_request_without_text(
-    gateway: GatewayProcess, client: openai.OpenAI
-) -> None:
+def test_access_log_has_one_json_line_per_request_without_text(gateway: GatewayProcess, client: openai.OpenAI) -> None:
     marker = "zanzibar-quokka-marker"
-    reply = client.chat.completions.create(model=f"{MODEL}:ngram", max_tokens=8,
-                                           messages=[{"role": "user", "content": f"Say {marker} twice."}])
+    reply = client.chat.completions.create(
+        model=f"{MODEL}:ngram", max_tokens=8, messages=[{"role": "user", "content": f"Say {marker} twice."}]
+    )
     time.sleep(0.5)
     log = gateway.log()
-    lines = [json.loads(line.split("specgate.access: ", 1)[1]) for line in log.splitlines()
-             if "specgate.access: " in line]
+    lines = [
+        json.loads(line.split("specgate.access: ", 1)[1]) for line in log.splitlines() if "specgate.access: " in line
+    ]
     mine = [line for line in lines if line["request_id"] == reply.id]
     assert len(mine) == 1
     entry = mine[0]

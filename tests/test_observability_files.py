@@ -327,8 +327,11 @@ def gateway_like_series() -> list[dict[str, str]]:
         out += histogram("specgate_request_ttft_seconds", lab, 0.2, (0.1, 0.5, 1.0))
         out += histogram("specgate_request_e2e_seconds", lab, 2.0, (1.0, 5.0))
         out += histogram("specgate_request_output_tokens", lab, 32, (16, 64))
-    for method, policy, reason in (("none", "auto", "best_estimate"), ("ngram", "auto", "exploration"),
-                                   ("ngram", "explicit", "requested")):
+    for method, policy, reason in (
+        ("none", "auto", "best_estimate"),
+        ("ngram", "auto", "exploration"),
+        ("ngram", "explicit", "requested"),
+    ):
         labels = {"model": MODEL, "method": method, "policy": policy, "reason": reason}
         out.append(series("specgate_route_decisions_total", labels, 1))
     lab = {"model": MODEL, "method": "ngram"}

@@ -27,25 +27,51 @@ from tests.gateway import GatewayProcess
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:ngram"
 # What differs between two runs of the same request by nature.
-VOLATILE = frozenset({"id", "created", "created_at", "completed_at", "system_fingerprint", "model", "item_id",
-                      "call_id", "response_id", "time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
-                      "mean_itl_ms", "tokens_per_second"})
+VOLATILE = frozenset(
+    {
+        "id",
+        "created",
+        "created_at",
+        "completed_at",
+        "system_fingerprint",
+        "model",
+        "item_id",
+        "call_id",
+        "response_id",
+        "time_to_first_token_ms",
+        "generation_time_ms",
+        "queue_time_ms",
+        "mean_itl_ms",
+        "tokens_per_second",
+    }
+)
 ADDED = frozenset({"specgate"})  # specgate's own field
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a time zone.",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
-}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a time zone.",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HI = [{"role": "user", "content": "Say hello to Ada in one short sentence."}]
 PERSON = [{"role": "user", "content": "Give a person as JSON."}]
 LIST = [{"role": "user", "content": "Repeat this list exactly: red, green, blue, cyan, magenta, yellow."}]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @dataclass(frozen=True)
@@ -74,39 +100,80 @@ CORPUS: list[Case] = [
     chat("chat", HI),
     chat("chat-stream", HI, **STREAM),
     chat("chat-stream-no-usage", LIST, stream=True),
-    chat("chat-continuous-usage", LIST, stream=True,
-         stream_options={"include_usage": True, "continuous_usage_stats": True}),
-    Case("chat-n2-seeded", "/v1/chat/completions", {"messages": HI, "n": 2, "temperature": 0.8, "seed": 7,
-                                                     "max_tokens": 12}, sampled=True),
+    chat(
+        "chat-continuous-usage",
+        LIST,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    ),
+    Case(
+        "chat-n2-seeded",
+        "/v1/chat/completions",
+        {"messages": HI, "n": 2, "temperature": 0.8, "seed": 7, "max_tokens": 12},
+        sampled=True,
+    ),
     chat("chat-logprobs", HI, logprobs=True, top_logprobs=3, max_tokens=8),
     chat("chat-stop", LIST, stop=["blue"]),
     chat("chat-seed", HI, temperature=0.7, seed=42, sampled=True),
     chat("chat-min-tokens", HI, min_tokens=20, max_tokens=20, ignore_eos=True),
-    chat("chat-prefill", [*HI, {"role": "assistant", "content": "Hello Ada, "}], continue_final_message=True,
-         add_generation_prompt=False),
+    chat(
+        "chat-prefill",
+        [*HI, {"role": "assistant", "content": "Hello Ada, "}],
+        continue_final_message=True,
+        add_generation_prompt=False,
+    ),
     chat("chat-max-completion-tokens", LIST, max_completion_tokens=10, max_tokens=None),
     chat("chat-metadata", HI, metadata={"team": "qa"}, user="ada"),
     chat("chat-echo", HI, echo=True, max_tokens=6),
     # structured outputs
     chat("json-object", PERSON, response_format={"type": "json_object"}),
-    chat("json-schema", PERSON,
-         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}),
+    chat(
+        "json-schema",
+        PERSON,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+    ),
     chat("regex", HI, structured_outputs={"regex": "[A-Z][a-z]+ [0-9]{2}"}),
     chat("choice", HI, structured_outputs={"choice": ["yes", "no", "maybe"]}),
     chat("grammar", HI, structured_outputs={"grammar": 'root ::= "Hello " name\nname ::= "Ada" | "Bob"'}),
-    chat("json-schema-stream", PERSON, **STREAM,
-         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}),
+    chat(
+        "json-schema-stream",
+        PERSON,
+        **STREAM,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+    ),
     # tools
-    chat("tool-named", ASK, tools=[WEATHER, CLOCK],
-         tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    chat(
+        "tool-named", ASK, tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    ),
     chat("tool-required", ASK, tools=[WEATHER, CLOCK], tool_choice="required", max_tokens=40),
     chat("tool-auto", ASK, tools=[WEATHER, CLOCK], tool_choice="auto"),
     chat("tool-none", ASK, tools=[WEATHER], tool_choice="none"),
-    chat("tool-history", [*ASK, {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}], tools=[WEATHER]),
-    chat("tool-named-stream", ASK, tools=[WEATHER], **STREAM,
-         tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    chat(
+        "tool-history",
+        [
+            *ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+        ],
+        tools=[WEATHER],
+    ),
+    chat(
+        "tool-named-stream",
+        ASK,
+        tools=[WEATHER],
+        **STREAM,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ),
     chat("tool-required-stream", ASK, tools=[WEATHER, CLOCK], tool_choice="required", max_tokens=40, **STREAM),
     # text completions
     completion("completion", "The capital of France is"),
@@ -114,23 +181,44 @@ CORPUS: list[Case] = [
     completion("completion-batch", ["Red, green,", "Monday, Tuesday,"]),
     completion("completion-token-ids", [504, 3458, 282, 4649, 314]),
     completion("completion-stream", "Count: 1, 2, 3,", **STREAM),
-    completion("completion-continuous-usage", "Count: 1, 2, 3,", stream=True,
-               stream_options={"include_usage": True, "continuous_usage_stats": True}),
-    Case("completion-n2-seeded", "/v1/completions", {"prompt": "Once upon a time", "n": 2, "temperature": 0.9,
-                                                     "seed": 3, "max_tokens": 12}, sampled=True),
+    completion(
+        "completion-continuous-usage",
+        "Count: 1, 2, 3,",
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    ),
+    Case(
+        "completion-n2-seeded",
+        "/v1/completions",
+        {"prompt": "Once upon a time", "n": 2, "temperature": 0.9, "seed": 3, "max_tokens": 12},
+        sampled=True,
+    ),
     completion("completion-stop", "Count: 1, 2, 3,", stop=["6"]),
     completion("completion-batch-stream", ["A, B, C,", "X, Y,"], **STREAM),
     # the Responses API
     Case("responses", "/v1/responses", {"input": "Say hello to Ada.", "temperature": 0, "max_output_tokens": 16}),
-    Case("responses-instructions", "/v1/responses", {"input": [{"role": "user", "content": "Name a color."}],
-                                                     "instructions": "Answer in one word.", "temperature": 0,
-                                                     "max_output_tokens": 8}),
-    Case("responses-stream", "/v1/responses", {"input": "Say hello to Ada.", "temperature": 0,
-                                               "max_output_tokens": 12, "stream": True}),
+    Case(
+        "responses-instructions",
+        "/v1/responses",
+        {
+            "input": [{"role": "user", "content": "Name a color."}],
+            "instructions": "Answer in one word.",
+            "temperature": 0,
+            "max_output_tokens": 8,
+        },
+    ),
+    Case(
+        "responses-stream",
+        "/v1/responses",
+        {"input": "Say hello to Ada.", "temperature": 0, "max_output_tokens": 12, "stream": True},
+    ),
     # Anthropic messages
     Case("messages", "/v1/messages", {"messages": HI, "max_tokens": 16, "temperature": 0}),
-    Case("messages-system", "/v1/messages", {"system": "Answer briefly.", "messages": HI, "max_tokens": 12,
-                                             "temperature": 0}),
+    Case(
+        "messages-system",
+        "/v1/messages",
+        {"system": "Answer briefly.", "messages": HI, "max_tokens": 12, "temperature": 0},
+    ),
     Case("messages-stream", "/v1/messages", {"messages": HI, "max_tokens": 12, "temperature": 0, "stream": True}),
     Case("messages-count-tokens", "/v1/messages/count_tokens", {"messages": HI}),
     # tokenization
@@ -164,8 +252,11 @@ def normalized(value: Any) -> Any:
         out = {k: normalized(v) for k, v in value.items() if k not in VOLATILE and k not in ADDED}
         usage_details = out.pop("completion_tokens_details", None)
         if isinstance(usage_details, dict):
-            usage_details = {k: v for k, v in usage_details.items()
-                             if k not in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+            usage_details = {
+                k: v
+                for k, v in usage_details.items()
+                if k not in ("accepted_prediction_tokens", "rejected_prediction_tokens")
+            }
         if usage_details:
             out["completion_tokens_details"] = usage_details
         return out
@@ -241,8 +332,10 @@ def answers(vllm_serve: ServerProcess, gateway: GatewayProcess) -> Iterator[dict
     """Every case, sent to `vllm serve` then to the gateway, one at a time (greedy
     outputs compare only between equal batches)."""
     timeout = httpx.Timeout(300, connect=10)
-    with httpx.Client(base_url=vllm_serve.url, timeout=timeout) as direct, \
-            httpx.Client(base_url=gateway.url, timeout=timeout) as gw:
+    with (
+        httpx.Client(base_url=vllm_serve.url, timeout=timeout) as direct,
+        httpx.Client(base_url=gateway.url, timeout=timeout) as gw,
+    ):
         yield {case.name: (send(direct, case, MODEL), send(gw, case, ENGINE)) for case in CORPUS}
 
 
@@ -276,8 +369,12 @@ def test_generation_answers_carry_the_record(answers: dict[str, tuple[Answer, An
     """specgate's own additions, on every generation route: the record on the body or
     on the stream's last JSON event, and the acceptance in the usage of chat and
     completions."""
-    generation = [c for c in CORPUS if c.path in ("/v1/chat/completions", "/v1/completions", "/v1/responses",
-                                                  "/v1/messages") and not c.name.startswith("bad-")]
+    generation = [
+        c
+        for c in CORPUS
+        if c.path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+        and not c.name.startswith("bad-")
+    ]
     for case in generation:
         answer = answers[case.name][1]
         assert answer.status == 200, case.name

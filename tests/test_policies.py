@@ -41,22 +41,35 @@ def request_for(row: dict[str, object]) -> RouteRequest:
 
 def record_of(row: dict[str, object], method: str, decision: RouteDecision, slowdown: float = 1.0) -> RequestRecord:
     return RequestRecord(
-        model="m", method=method, engine=f"m:{method}", speculative_method=method, num_speculative_tokens=None,
-        prompt_tokens=int(str(row["prompt_tokens"])), completion_tokens=int(str(row["output_tokens"])),
-        finish_reasons=("length",), spec=None,
+        model="m",
+        method=method,
+        engine=f"m:{method}",
+        speculative_method=method,
+        num_speculative_tokens=None,
+        prompt_tokens=int(str(row["prompt_tokens"])),
+        completion_tokens=int(str(row["output_tokens"])),
+        finish_reasons=("length",),
+        spec=None,
         timing=Timing(e2e_s=float(str(row["e2e_s"])) * slowdown, decode_tokens_per_s=10.0 / slowdown),
         route=decision,
     )
 
 
 def measured_rate(workload: str, load: str, method: str) -> float:
-    return mean(r["output_tokens"] / r["e2e_s"] for r in LOG if (r["workload"], r["load"], r["method"]) ==
-                (workload, load, method))
+    return mean(
+        r["output_tokens"] / r["e2e_s"]
+        for r in LOG
+        if (r["workload"], r["load"], r["method"]) == (workload, load, method)
+    )
 
 
 def replay(
-    policy: AutoPolicy, steps: int, workloads: tuple[str, ...] = ("edit", "chat"), load: str = "c=1",
-    seed: int = 0, slowdown: Callable[[str], float] = lambda method: 1.0,
+    policy: AutoPolicy,
+    steps: int,
+    workloads: tuple[str, ...] = ("edit", "chat"),
+    load: str = "c=1",
+    seed: int = 0,
+    slowdown: Callable[[str], float] = lambda method: 1.0,
 ) -> list[tuple[str, str, RouteDecision]]:
     """(workload, chosen method, decision) per step."""
     rng = random.Random(seed)
@@ -65,8 +78,9 @@ def replay(
     for _ in range(steps):
         prompt = rng.choice(prompts)
         method, decision = policy.choose(request_for(prompt), loads(BUSY[load]))
-        answer = rng.choice([r for r in LOG if (r["workload"], r["load"], r["method"]) ==
-                             (prompt["workload"], load, method)])
+        answer = rng.choice(
+            [r for r in LOG if (r["workload"], r["load"], r["method"]) == (prompt["workload"], load, method)]
+        )
         policy.observe(record_of(answer, method, decision, slowdown(method)))
         out.append((str(prompt["workload"]), method, decision))
     return out
@@ -161,12 +175,21 @@ def test_latency_objective_learns_decode_rate() -> None:
 def observe_rate(policy: AutoPolicy, method: str, bucket: str, load: int, rate: float, times: int = 3) -> None:
     """`times` records of `method` at `rate` output tokens/s, routed at `load`."""
     for _ in range(times):
-        policy.observe(RequestRecord(
-            model="m", method=method, engine=f"m:{method}", speculative_method=method, num_speculative_tokens=None,
-            prompt_tokens=10, completion_tokens=100, finish_reasons=("length",), spec=None,
-            timing=Timing(e2e_s=100 / rate, decode_tokens_per_s=rate),
-            route=RouteDecision("auto", "x", bucket, load=load),
-        ))
+        policy.observe(
+            RequestRecord(
+                model="m",
+                method=method,
+                engine=f"m:{method}",
+                speculative_method=method,
+                num_speculative_tokens=None,
+                prompt_tokens=10,
+                completion_tokens=100,
+                finish_reasons=("length",),
+                spec=None,
+                timing=Timing(e2e_s=100 / rate, decode_tokens_per_s=rate),
+                route=RouteDecision("auto", "x", bucket, load=load),
+            )
+        )
 
 
 def test_a_shared_device_is_judged_at_its_total_load() -> None:
@@ -235,14 +258,17 @@ def test_features() -> None:
     assert features_of("", 0.7).repetition == 0.0
 
 
-@pytest.mark.parametrize(("model", "message"), [
-    ({"auto": {"methods": ["none", "eagle"]}}, "auto.methods: 'eagle' is not one of the methods"),
-    ({"auto": {"priors": {"ngram": 0}}}, "prior of 'ngram' must be > 0"),
-    ({"ab": {"weights": {"nope": 1}}}, "ab.weights: 'nope' is not one of the methods"),
-    ({"shadow": {"method": "ngram", "share": 1.5}}, "models.m.shadow.share: Input should be less than or equal"),
-    ({"default_method": "auto"}, "default_method 'auto' is not one of the methods (ngram, none)"),
-    ({"methods": {"auto": {}}, "default_method": "auto"}, "method name 'auto' is reserved"),
-])
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"auto": {"methods": ["none", "eagle"]}}, "auto.methods: 'eagle' is not one of the methods"),
+        ({"auto": {"priors": {"ngram": 0}}}, "prior of 'ngram' must be > 0"),
+        ({"ab": {"weights": {"nope": 1}}}, "ab.weights: 'nope' is not one of the methods"),
+        ({"shadow": {"method": "ngram", "share": 1.5}}, "models.m.shadow.share: Input should be less than or equal"),
+        ({"default_method": "auto"}, "default_method 'auto' is not one of the methods (ngram, none)"),
+        ({"methods": {"auto": {}}, "default_method": "auto"}, "method name 'auto' is reserved"),
+    ],
+)
 def test_policy_config_errors_name_the_key(model: dict[str, object], message: str) -> None:
     raw = {"target": "t", "default_method": "none", "methods": {"none": {}, "ngram": {}}, **model}
     with pytest.raises(ConfigError, match=r"^config: models\.m") as error:

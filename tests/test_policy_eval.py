@@ -48,12 +48,15 @@ def test_totals_over_the_sweep() -> None:
     cells = policy_cells(results, summaries, "auto")
     total = totals(summaries, cells, "auto")
     assert total.tokens_per_s == pytest.approx({"none": 50.0, "ngram": 60.0, "auto": 186 / 3})
-    assert total.geomean_ratio == pytest.approx({"none": math.sqrt(96 / 50 * 45 / 50),
-                                                 "ngram": math.sqrt(0.96 * 45 / 40)})
+    assert total.geomean_ratio == pytest.approx(
+        {"none": math.sqrt(96 / 50 * 45 / 50), "ngram": math.sqrt(0.96 * 45 / 40)}
+    )
     text = render(cells, total, "auto")
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()[2:4]]
-    assert rows == [["code", "c=2", "50.0", "100.0", "96.0", "ngram", "0.96x", "yes", "ngram 1"],
-                    ["prose", "c=2", "50.0", "40.0", "45.0", "none", "0.90x", "no", "none 1, ngram 1"]]
+    assert rows == [
+        ["code", "c=2", "50.0", "100.0", "96.0", "ngram", "0.96x", "yes", "ngram 1"],
+        ["prose", "c=2", "50.0", "40.0", "45.0", "none", "0.90x", "no", "none 1, ngram 1"],
+    ]
     assert "auto reached 0.95x the best fixed method in 1 of 2 cells." in text
 
 

@@ -8,9 +8,18 @@ from app.record import RequestRecord, SpecCounts, Timing
 
 
 def record(spec: SpecCounts | None, speculative_method: str = "ngram") -> RequestRecord:
-    return RequestRecord(model="m", method="x", engine="m:x", speculative_method=speculative_method,
-                         num_speculative_tokens=4 if spec else None, prompt_tokens=3, completion_tokens=10,
-                         finish_reasons=("stop",), spec=spec, timing=Timing(ttft_s=0.1))
+    return RequestRecord(
+        model="m",
+        method="x",
+        engine="m:x",
+        speculative_method=speculative_method,
+        num_speculative_tokens=4 if spec else None,
+        prompt_tokens=3,
+        completion_tokens=10,
+        finish_reasons=("stop",),
+        spec=spec,
+        timing=Timing(ttft_s=0.1),
+    )
 
 
 def test_mal_and_rate_follow_vllm_definitions() -> None:
@@ -30,8 +39,15 @@ def test_no_steps_means_not_measured() -> None:
 
 def test_baseline_reports_nulls_not_zeros() -> None:
     data = record(None, speculative_method="none").to_dict()
-    for key in ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
-                "num_draft_tokens", "num_accepted_draft_tokens", "num_spec_steps", "num_speculative_tokens"):
+    for key in (
+        "mean_acceptance_length",
+        "draft_acceptance_rate",
+        "acceptance_histogram",
+        "num_draft_tokens",
+        "num_accepted_draft_tokens",
+        "num_spec_steps",
+        "num_speculative_tokens",
+    ):
         assert data[key] is None
     assert data["speculative_method"] == "none"
 

@@ -56,17 +56,21 @@ def servers(
     model = read_config(Settings(config=None)).models[MODEL]
     url = vllm_serve.url
     spec = model.methods["ngram"].speculative_config
-    config = {"models": {MODEL: {
-        "target": model.target,
-        "engine": model.engine.model_dump(exclude_unset=True),
-        "default_method": "ngram",
-        "methods": {
-            "none": {},
-            "ngram": {"url": url, "speculative_config": spec, "upstream": {"probe_interval_s": 1}},
-            "slow": {"url": url, "speculative_config": spec, "limits": {"total_timeout_s": 2}},
-            "stalled": {"url": url, "speculative_config": spec, "limits": {"idle_timeout_s": 5}},
-        },
-    }}}
+    config = {
+        "models": {
+            MODEL: {
+                "target": model.target,
+                "engine": model.engine.model_dump(exclude_unset=True),
+                "default_method": "ngram",
+                "methods": {
+                    "none": {},
+                    "ngram": {"url": url, "speculative_config": spec, "upstream": {"probe_interval_s": 1}},
+                    "slow": {"url": url, "speculative_config": spec, "limits": {"total_timeout_s": 2}},
+                    "stalled": {"url": url, "speculative_config": spec, "limits": {"idle_timeout_s": 5}},
+                },
+            }
+        }
+    }
     path = tmp / "mixed.yaml"
     path.write_text(yaml.safe_dump(config))
     gateway = start_gateway(tmp / "gateway.log", path)
@@ -128,6 +132,7 @@ def test_mixed_config_is_ready_and_listed(gw: httpx.Client, upstream: ServerProc
     view = engine_view(gw, REMOTE)
     assert view["url"] == upstream.url
     assert view["up"] is True
+
     # Running and waiting are the upstream's own gauges, scraped from its /metrics every
     # probe_interval_s (1 s here); null until a scrape has seen them.
     def scraped() -> bool:
@@ -174,8 +179,7 @@ def stream_events(gw: httpx.Client, body: dict[str, Any]) -> tuple[httpx.Headers
 
 
 def test_remote_stream_is_passed_through(gw: httpx.Client, oai: openai.OpenAI) -> None:
-    body = {"model": REMOTE, "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0,
-            "max_tokens": 48}
+    body = {"model": REMOTE, "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0, "max_tokens": 48}
     whole = gw.post("/v1/chat/completions", json=body).json()
     headers, events = stream_events(gw, {**body, "stream": True})
     assert headers["X-Specgate-Engine"] == REMOTE
@@ -193,7 +197,11 @@ def test_remote_stream_is_passed_through(gw: httpx.Client, oai: openai.OpenAI) -
 
     # The official client, asking for usage: it arrives on the last chunk with the record.
     stream = oai.chat.completions.create(
-        model=REMOTE, messages=body["messages"], temperature=0, max_tokens=48, stream=True,
+        model=REMOTE,
+        messages=body["messages"],
+        temperature=0,
+        max_tokens=48,
+        stream=True,
         stream_options={"include_usage": True},
     )
     received = list(stream)
@@ -221,8 +229,7 @@ def gateway_samples(gw: httpx.Client) -> dict[str, float]:
     return totals
 
 
-def test_remote_counters_equal_the_upstreams_own(gw: httpx.Client, oai: openai.OpenAI,
-                                                 upstream: ServerProcess) -> None:
+def test_remote_counters_equal_the_upstreams_own(gw: httpx.Client, oai: openai.OpenAI, upstream: ServerProcess) -> None:
     """The gateway's counters for the remote method move by exactly what the
     upstream's own vLLM counters moved: the records lose and invent nothing."""
     ours, theirs = gateway_samples(gw), upstream_metrics(upstream)
@@ -289,8 +296,12 @@ def test_remote_total_timeout(gw: httpx.Client, upstream: ServerProcess) -> None
     assert len(events) > 3  # tokens flowed before the deadline
     assert wait_for(lambda: running_upstream(upstream) == 0, 15)
     # Timeouts are counted as such.
-    failed = [s for f in text_string_to_metric_families(gw.get("/metrics").text) for s in f.samples
-              if s.name == "specgate_requests_total" and s.labels["method"] == "slow"]
+    failed = [
+        s
+        for f in text_string_to_metric_families(gw.get("/metrics").text)
+        for s in f.samples
+        if s.name == "specgate_requests_total" and s.labels["method"] == "slow"
+    ]
     assert {s.labels["outcome"]: s.value for s in failed}.get("timeout") == 2
 
 
@@ -301,8 +312,13 @@ def test_remote_idle_timeout(gw: httpx.Client, upstream: ServerProcess) -> None:
     assert "idle_timeout_s" in reply.json()["error"]["message"]
     assert wait_for(lambda: running_upstream(upstream) == 0, 15)
     # Streamed, tokens keep coming well within 5 s of each other: it runs until its end.
-    body = {"model": f"{MODEL}:stalled", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 24,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": f"{MODEL}:stalled",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "stream": True,
+    }
     _, events = stream_events(gw, body)
     last = json.loads(events[-2].removeprefix(b"data: "))
     assert "specgate" in last, events[-3:]
@@ -311,15 +327,18 @@ def test_remote_idle_timeout(gw: httpx.Client, upstream: ServerProcess) -> None:
 
 def test_remote_refusals_reach_the_client(gw: httpx.Client) -> None:
     # The upstream's own check: 400 in the OpenAI error body, with its message.
-    too_long = gw.post("/v1/chat/completions", json={
-        "model": REMOTE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000})
+    too_long = gw.post(
+        "/v1/chat/completions",
+        json={"model": REMOTE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000},
+    )
     assert too_long.status_code == 400
     assert "error" in too_long.json() and too_long.json()["error"]["message"]
     # Validation is the upstream's: its refusal passes through as vLLM wrote it.
     bad = gw.post("/v1/chat/completions", json={"model": REMOTE, "messages": "hello", "temperature": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "body.messages"
-    ok = gw.post("/v1/chat/completions", json={
-        "model": REMOTE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    ok = gw.post(
+        "/v1/chat/completions", json={"model": REMOTE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    )
     assert ok.status_code == 200
 
 
@@ -327,10 +346,18 @@ def test_unreachable_upstream(tmp_path: Path, upstream: ServerProcess) -> None:
     """A gateway of remote engines only (it starts in seconds): one upstream is
     down; `/ready` says which, its requests get a 503, the other keeps serving."""
     dead = f"http://127.0.0.1:{free_port()}"
-    config = {"models": {MODEL: {"target": "unused-by-remote-engines", "default_method": "up", "methods": {
-        "up": {"url": upstream.url},
-        "down": {"url": dead, "upstream": {"connect_timeout_s": 1}},
-    }}}}
+    config = {
+        "models": {
+            MODEL: {
+                "target": "unused-by-remote-engines",
+                "default_method": "up",
+                "methods": {
+                    "up": {"url": upstream.url},
+                    "down": {"url": dead, "upstream": {"connect_timeout_s": 1}},
+                },
+            }
+        }
+    }
     path = tmp_path / "remote-only.yaml"
     path.write_text(yaml.safe_dump(config))
     gateway = start_gateway(tmp_path / "gateway.log", path)

@@ -38,13 +38,17 @@ def test_remote_method_config() -> None:
     [
         ({"url": "ftp://host:21"}, "cfg.yaml: models.m.methods.r.url: url 'ftp://host:21' must be an http"),
         ({"url": "http://"}, "models.m.methods.r.url: url 'http://' must be an http:// or https:// URL with a host"),
-        ({"url": "http://h:1", "engine": {"dtype": "bfloat16"}},
-         "models.m.methods.r: 'engine' settings do not apply to a remote method (url)"),
+        (
+            {"url": "http://h:1", "engine": {"dtype": "bfloat16"}},
+            "models.m.methods.r: 'engine' settings do not apply to a remote method (url)",
+        ),
         ({"upstream": {"max_connections": 4}}, "models.m.methods.r: 'upstream' settings need a 'url'"),
         ({"url": "http://h:1", "upstream": {"connect_timeout_s": 0}}, "models.m.methods.r.upstream.connect_timeout_s:"),
         ({"url": "http://h:1", "limits": {"idle_timeout_s": 0}}, "models.m.methods.r.limits.idle_timeout_s:"),
-        ({"url": "http://h:1", "upstream": {"retries": 3}},
-         "models.m.methods.r.upstream.retries: Extra inputs are not permitted"),
+        (
+            {"url": "http://h:1", "upstream": {"retries": 3}},
+            "models.m.methods.r.upstream.retries: Extra inputs are not permitted",
+        ),
     ],
 )
 def test_remote_config_errors_name_the_key(method: dict[str, Any], expected: str) -> None:
@@ -52,8 +56,9 @@ def test_remote_config_errors_name_the_key(method: dict[str, Any], expected: str
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300,
-                          cwd=repo_root())
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300, cwd=repo_root()
+    )
 
 
 def parse_flags(args: list[str]) -> dict[str, str | bool]:

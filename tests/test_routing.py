@@ -8,11 +8,19 @@ from app.config import ConfigError, parse_config
 from app.engines.base import EngineId
 from app.routing import RouteNotFoundError, Router
 
-CONFIG = parse_config({"models": {
-    "qwen": {"target": "q", "default_method": "eagle3", "auto": {"exploration": 0},
-             "methods": {"none": {}, "eagle3": {}, "dflash": {}}},
-    "gemma": {"target": "g", "default_method": "none", "methods": {"none": {}}},
-}})
+CONFIG = parse_config(
+    {
+        "models": {
+            "qwen": {
+                "target": "q",
+                "default_method": "eagle3",
+                "auto": {"exploration": 0},
+                "methods": {"none": {}, "eagle3": {}, "dflash": {}},
+            },
+            "gemma": {"target": "g", "default_method": "none", "methods": {"none": {}}},
+        }
+    }
+)
 
 
 def router() -> Router:
@@ -34,9 +42,18 @@ def test_header_overrides_both() -> None:
     assert router().route("qwen:dflash", " none ").policy == "header"
 
 
-@pytest.mark.parametrize(("model", "header"), [("llama", None), ("qwen:medusa", None), ("qwen", "medusa"),
-                                                ("", None), (":none", None), ("gemma:auto", None),
-                                                ("qwen:ab", None)])
+@pytest.mark.parametrize(
+    ("model", "header"),
+    [
+        ("llama", None),
+        ("qwen:medusa", None),
+        ("qwen", "medusa"),
+        ("", None),
+        (":none", None),
+        ("gemma:auto", None),
+        ("qwen:ab", None),
+    ],
+)
 def test_unknown_model_method_or_policy(model: str, header: str | None) -> None:
     with pytest.raises(RouteNotFoundError):
         router().route(model, header)
@@ -62,16 +79,32 @@ def test_engine_ids_and_policy_routes() -> None:
 
 
 def test_served_model_names_are_aliases_of_their_model() -> None:
-    config = parse_config({"models": {
-        "qwen": {"target": "q", "default_method": "none", "methods": {"none": {}, "eagle3": {}},
-                 "serving": {"served_model_name": ["Qwen/Qwen3-8B", "qwen3"]}},
-    }})
+    config = parse_config(
+        {
+            "models": {
+                "qwen": {
+                    "target": "q",
+                    "default_method": "none",
+                    "methods": {"none": {}, "eagle3": {}},
+                    "serving": {"served_model_name": ["Qwen/Qwen3-8B", "qwen3"]},
+                },
+            }
+        }
+    )
     routed = Router.from_config(config)
     assert routed.route("Qwen/Qwen3-8B").engine == EngineId("qwen", "none")
     assert routed.route("qwen3:eagle3").engine == EngineId("qwen", "eagle3")
     with pytest.raises(ConfigError, match=r"models: other\.serving\.served_model_name: 'qwen' already names a model"):
-        parse_config({"models": {
-            "qwen": {"target": "q", "default_method": "none", "methods": {"none": {}}},
-            "other": {"target": "o", "default_method": "none", "methods": {"none": {}},
-                      "serving": {"served_model_name": ["qwen"]}},
-        }})
+        parse_config(
+            {
+                "models": {
+                    "qwen": {"target": "q", "default_method": "none", "methods": {"none": {}}},
+                    "other": {
+                        "target": "o",
+                        "default_method": "none",
+                        "methods": {"none": {}},
+                        "serving": {"served_model_name": ["qwen"]},
+                    },
+                }
+            }
+        )

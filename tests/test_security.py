@@ -27,8 +27,11 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, int]]:
     tmp = tmp_path_factory.mktemp("security")
-    config = {"models": {"m": {"target": "none", "default_method": "r",
-                               "methods": {"r": {"url": f"http://127.0.0.1:{free_port()}"}}}}}
+    config = {
+        "models": {
+            "m": {"target": "none", "default_method": "r", "methods": {"r": {"url": f"http://127.0.0.1:{free_port()}"}}}
+        }
+    }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     keys_file = tmp / "keys.txt"
@@ -62,8 +65,11 @@ def bearer(key: str) -> dict[str, str]:
 
 
 def test_api_routes_need_a_key(gw: httpx.Client) -> None:
-    for method, path, body in (("POST", "/v1/chat/completions", CHAT), ("GET", "/v1/models", None),
-                               ("GET", "/engines", None)):
+    for method, path, body in (
+        ("POST", "/v1/chat/completions", CHAT),
+        ("GET", "/v1/models", None),
+        ("GET", "/engines", None),
+    ):
         missing = gw.request(method, path, json=body)
         assert missing.status_code == 401, path
         assert missing.json()["error"]["code"] == "invalid_api_key"
@@ -118,8 +124,9 @@ def test_body_size_limit(gw: httpx.Client) -> None:
             yield b"y" * 1000
         yield b'"}]}'
 
-    streamed = gw.post("/v1/chat/completions", content=chunked(), headers={**bearer(API_KEY),
-                                                                           "Content-Type": "application/json"})
+    streamed = gw.post(
+        "/v1/chat/completions", content=chunked(), headers={**bearer(API_KEY), "Content-Type": "application/json"}
+    )
     assert streamed.status_code == 413
     assert gw.get("/health").status_code == 200
 
@@ -145,8 +152,11 @@ def test_keys_file_that_cannot_be_read(tmp_path: Path) -> None:
 
 
 def test_metrics_behind_a_key_on_the_api_port(tmp_path: Path) -> None:
-    config = {"models": {"m": {"target": "none", "default_method": "r",
-                               "methods": {"r": {"url": f"http://127.0.0.1:{free_port()}"}}}}}
+    config = {
+        "models": {
+            "m": {"target": "none", "default_method": "r", "methods": {"r": {"url": f"http://127.0.0.1:{free_port()}"}}}
+        }
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {"SPECGATE_API_KEYS": API_KEY, "SPECGATE_METRICS_REQUIRE_KEY": "true"}

@@ -44,14 +44,20 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     methods: dict[str, dict[str, Any]] = {MODEL: {"none": {}}, MIMO: {}, GEMMA: {}}
     for engine, (method, kind, rates) in ENGINES.items():
         model, _, name = engine.partition(":")
-        spec = {"method": method, "num_speculative_tokens": len(rates), "rejection_sample_method": "synthetic",
-                "synthetic_acceptance_rates": rates, **({"model": f"generated:{kind}"} if kind else {})}
+        spec = {
+            "method": method,
+            "num_speculative_tokens": len(rates),
+            "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rates": rates,
+            **({"model": f"generated:{kind}"} if kind else {}),
+        }
         methods[model][name] = {"speculative_config": spec}
     engine = {**embedded_model()["engine"], "kv_cache_memory_bytes": KV_BYTES}
     models = {MODEL: embedded_model(engine=engine, default_method="none", methods=methods[MODEL])}
     for model, target in TARGETS.items():
-        models[model] = embedded_model(target=target, engine=engine, default_method="mtp-synthetic",
-                                       methods=methods[model])
+        models[model] = embedded_model(
+            target=target, engine=engine, default_method="mtp-synthetic", methods=methods[model]
+        )
     with running_gateway(tmp / "gateway.log", write_config(tmp / "synthetic.yaml", models)) as gw:
         yield gw
 
@@ -75,10 +81,17 @@ def test_drafts_are_accepted_exactly_at_the_set_rates(http: httpx.Client, engine
     steps = 12
     # Every step yields k accepted drafts and the target's token: stop on a step boundary,
     # and never on EOS (a random drafter could propose it).
-    reply = http.post("/v1/chat/completions", json={
-        "model": engine, "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": 1 + steps * (k + 1), "temperature": temperature, "ignore_eos": True, "seed": 1,
-    })
+    reply = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": engine,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 1 + steps * (k + 1),
+            "temperature": temperature,
+            "ignore_eos": True,
+            "seed": 1,
+        },
+    )
     assert reply.status_code == 200, reply.text
     record = reply.json()["specgate"]
     assert record["synthetic"] is True and record["method"] == method
@@ -93,16 +106,21 @@ def test_synthetic_engines_are_labelled_in_models_and_metrics(http: httpx.Client
     for engine in ENGINES:
         assert cards[engine]["synthetic"] is True
     assert cards[f"{MODEL}:none"]["synthetic"] is False
-    info = {f"{s.labels['model']}:{s.labels['method']}": s.labels
-            for s in samples(http, "specgate_engine_info") if s.value == 1}
+    info = {
+        f"{s.labels['model']}:{s.labels['method']}": s.labels
+        for s in samples(http, "specgate_engine_info")
+        if s.value == 1
+    }
     for engine, (spec_method, _, rates) in ENGINES.items():
         assert info[engine]["synthetic"] == "true"
         assert info[engine]["speculative_method"] == spec_method
         assert info[engine]["num_speculative_tokens"] == str(len(rates))
     baseline_info = info[f"{MODEL}:none"]
     assert baseline_info["synthetic"] == "false" and baseline_info["num_speculative_tokens"] == ""
-    baseline = http.post("/v1/chat/completions", json={
-        "model": f"{MODEL}:none", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})
+    baseline = http.post(
+        "/v1/chat/completions",
+        json={"model": f"{MODEL}:none", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8},
+    )
     assert baseline.json()["specgate"]["synthetic"] is False
 
 
@@ -110,15 +128,25 @@ def test_counters_add_up_the_synthetic_records(http: httpx.Client) -> None:
     method = "eagle3-synthetic"
 
     def accepted() -> float:
-        return sum(s.value for s in samples(http, "specgate_spec_accepted_tokens_total")
-                   if s.labels["model"] == MODEL and s.labels["method"] == method)
+        return sum(
+            s.value
+            for s in samples(http, "specgate_spec_accepted_tokens_total")
+            if s.labels["model"] == MODEL and s.labels["method"] == method
+        )
 
     before = accepted()
     total = 0
     for max_tokens in (7, 13):
-        reply = http.post("/v1/chat/completions", json={
-            "model": f"{MODEL}:{method}", "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        reply = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": f"{MODEL}:{method}",
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
         total += reply.json()["specgate"]["num_accepted_draft_tokens"]
     assert total > 0
     assert accepted() - before == total

@@ -17,16 +17,25 @@ from app.engines.vllm_plugin import ACTIVE, synthetic_accept
 PLACEHOLDER = -1
 
 
-def run(drafts: list[list[int]], uniform: list[list[float]], rates: list[float],
-        skip: list[bool] | None = None) -> list[list[int]]:
+def run(
+    drafts: list[list[int]], uniform: list[list[float]], rates: list[float], skip: list[bool] | None = None
+) -> list[list[int]]:
     n = len(rates)
     ends = torch.tensor([sum(len(d) for d in drafts[: i + 1]) for i in range(len(drafts))], dtype=torch.int32)
     flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int32)
     on_reject = flat + 1000  # the target's token at each position: told apart from the draft
     out = torch.full((len(drafts), n + 1), PLACEHOLDER, dtype=torch.int32)
     bonus = torch.tensor([[9000 + i] for i in range(len(drafts))])
-    synthetic_accept(out, ends, flat, on_reject, bonus, torch.tensor([u for us in uniform for u in us],
-                     dtype=torch.float64), torch.tensor(rates), skip)
+    synthetic_accept(
+        out,
+        ends,
+        flat,
+        on_reject,
+        bonus,
+        torch.tensor([u for us in uniform for u in us], dtype=torch.float64),
+        torch.tensor(rates),
+        skip,
+    )
     return out.tolist()
 
 
@@ -37,8 +46,7 @@ def test_the_plugin_is_registered_for_vllm() -> None:
 
 def test_accepts_below_the_rate_and_stops_at_the_first_rejection() -> None:
     rates = [0.9, 0.5, 0.2]
-    out = run([[11, 12, 13], [21, 22, 23], [31, 32, 33]],
-              [[0.1, 0.4, 0.1], [0.1, 0.6, 0.0], [0.95, 0.0, 0.0]], rates)
+    out = run([[11, 12, 13], [21, 22, 23], [31, 32, 33]], [[0.1, 0.4, 0.1], [0.1, 0.6, 0.0], [0.95, 0.0, 0.0]], rates)
     assert out[0] == [11, 12, 13, 9000]  # every draft accepted: the bonus follows
     assert out[1] == [21, 1022, PLACEHOLDER, PLACEHOLDER]  # rejected at position 2: the target's token, then stop
     assert out[2] == [1031, PLACEHOLDER, PLACEHOLDER, PLACEHOLDER]

@@ -129,8 +129,11 @@ class Admitted:
 
 
 async def admit(
-    admission: Admission, metrics: GatewayMetrics, request_id: str,
-    route: RouteDecision | None = None, on_record: Callable[[RequestRecord], None] | None = None,
+    admission: Admission,
+    metrics: GatewayMetrics,
+    request_id: str,
+    route: RouteDecision | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> Admitted:
     """Wait for a place; the tracker then carries the route decision into the record
     and hands the finished record to `on_record` (the router's learning)."""

@@ -33,8 +33,13 @@ DATA = b"data: "
 
 class AnswerWriter:
     def __init__(
-        self, send: ASGISend, tap: RequestTap | None, tracker: RequestTracker | None,
-        headers: dict[str, str], usage_details: bool, on_accepted: Callable[[], None] | None = None,
+        self,
+        send: ASGISend,
+        tap: RequestTap | None,
+        tracker: RequestTracker | None,
+        headers: dict[str, str],
+        usage_details: bool,
+        on_accepted: Callable[[], None] | None = None,
     ) -> None:
         self._on_accepted = on_accepted  # the engine took the request: its answer starts with a success
         self._send, self._tap, self._tracker = send, tap, tracker
@@ -113,12 +118,15 @@ class AnswerWriter:
         self._fail(failure_outcome(exc))
         if not self.started:
             self.started = True
-            headers = [(b"content-type", b"application/json"),
-                       *[(k.lower().encode(), v.encode()) for k, v in error.headers.items()]]
+            headers = [
+                (b"content-type", b"application/json"),
+                *[(k.lower().encode(), v.encode()) for k, v in error.headers.items()],
+            ]
             await send_whole(self._send, error.status, headers, json.dumps(error.body()).encode())
         elif self._stream:
-            await self._send({"type": "http.response.body", "body": error.sse().encode() + b"data: [DONE]\n\n",
-                              "more_body": False})
+            await self._send(
+                {"type": "http.response.body", "body": error.sse().encode() + b"data: [DONE]\n\n", "more_body": False}
+            )
 
     def _stream_error(self, chunk: bytes) -> bytes:
         """An error event of the serving layer: the request has ended without its record."""
@@ -126,7 +134,7 @@ class AnswerWriter:
             self._fail(failure_outcome(self._tap.failure))
             return api_error_for(self._tap.failure).sse().encode()
         try:
-            code = int(json.loads(chunk[len(DATA):])["error"].get("code") or 500)
+            code = int(json.loads(chunk[len(DATA) :])["error"].get("code") or 500)
         except (ValueError, KeyError, TypeError, AttributeError):
             code = 500
         self._fail("invalid" if 400 <= code < 500 else "error")
@@ -169,7 +177,7 @@ class AnswerWriter:
             lines = events[i].split(b"\n")
             for j in range(len(lines) - 1, -1, -1):
                 if lines[j].startswith(DATA + b"{"):
-                    data = json.loads(lines[j][len(DATA):])
+                    data = json.loads(lines[j][len(DATA) :])
                     record = self._finish(data)
                     if record is None:
                         return text
@@ -184,8 +192,10 @@ class AnswerWriter:
         data["specgate"] = record.to_dict()
         usage = data.get("usage")
         if self._usage_details and isinstance(usage, dict):
-            usage["completion_tokens_details"] = {**(usage.get("completion_tokens_details") or {}),
-                                                  **prediction_tokens(record)}
+            usage["completion_tokens_details"] = {
+                **(usage.get("completion_tokens_details") or {}),
+                **prediction_tokens(record),
+            }
 
 
 def prediction_tokens(record: RequestRecord) -> dict[str, int | None]:

@@ -37,8 +37,9 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
         limits = config.models[engine.id.model].limits_for(engine.id.method)
         admissions[engine.id] = Admission(engine.id, limits, metrics, router.meter(engine.id.model))
     shadows = Shadows(config, metrics, pool, admissions, router.observe)
-    state = GatewayState(settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions,
-                         shadows=shadows)
+    state = GatewayState(
+        settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions, shadows=shadows
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,12 +9,24 @@ from app.engines.pool import PoolEngine
 from app.engines.tap import CURRENT_TAP, RequestTap
 
 # The scope keys the gateway's own router set; the engine's application sets its own.
-_ROUTER_KEYS = ("app", "router", "endpoint", "route", "path_params", "fastapi_astack", "fastapi_inner_astack",
-                "fastapi_function_astack")
+_ROUTER_KEYS = (
+    "app",
+    "router",
+    "endpoint",
+    "route",
+    "path_params",
+    "fastapi_astack",
+    "fastapi_inner_astack",
+    "fastapi_function_astack",
+)
 
 
 async def dispatch(
-    engine: PoolEngine, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, body: bytes,
+    engine: PoolEngine,
+    scope: ASGIScope,
+    receive: ASGIReceive,
+    send: ASGISend,
+    body: bytes,
     tap: RequestTap | None,
 ) -> None:
     """Call the engine's application with `body` as the request body; `tap` is the

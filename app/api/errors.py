@@ -24,7 +24,11 @@ class APIError(Exception):
     code: str | None = None
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None,
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)

@@ -60,8 +60,9 @@ def choose_engine(state: GatewayState, request: Request, body: dict[str, Any]) -
     if requested is None:
         requested = state.pool.only_model()
     if not isinstance(requested, str):
-        raise BadRequestError("`model` is required: it names the model (and its method) to serve the request.",
-                              param="model")
+        raise BadRequestError(
+            "`model` is required: it names the model (and its method) to serve the request.", param="model"
+        )
     temperature = body.get("temperature")
     wanted = RouteRequest(
         prompt_text=lambda: body_text(body),
@@ -112,8 +113,9 @@ async def serve_generation(state: GatewayState, request: Request, usage_details:
     routed = choose_engine(state, request, body)
     engine = routed.engine
     request_id = f"specgate-{uuid.uuid4().hex}"
-    admitted = await admit(state.admissions[engine.id], state.metrics, request_id, routed.decision,
-                           state.router.observe)
+    admitted = await admit(
+        state.admissions[engine.id], state.metrics, request_id, routed.decision, state.router.observe
+    )
     payload = engine_body(raw, body, engine)
     tap = RequestTap(engine.info, admitted.clock)
 
@@ -138,8 +140,12 @@ class EngineResponse(Response):
     """The engine's answer, written straight to the client through `AnswerWriter`."""
 
     def __init__(
-        self, engine: PoolEngine | None, body: bytes, tap: RequestTap | None = None,
-        tracker: RequestTracker | None = None, usage_details: bool = False,
+        self,
+        engine: PoolEngine | None,
+        body: bytes,
+        tap: RequestTap | None = None,
+        tracker: RequestTracker | None = None,
+        usage_details: bool = False,
         on_accepted: Callable[[], None] | None = None,
     ) -> None:
         if engine is None:
@@ -149,8 +155,9 @@ class EngineResponse(Response):
         self.background = None
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        writer = AnswerWriter(send, self.tap, self.tracker, engine_headers(self.engine), self.usage_details,
-                              self.on_accepted)
+        writer = AnswerWriter(
+            send, self.tap, self.tracker, engine_headers(self.engine), self.usage_details, self.on_accepted
+        )
         try:
             await dispatch(self.engine, scope, receive, writer.send, self.payload, self.tap)
         except EngineError as exc:

@@ -125,8 +125,9 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         models = request_models()
-        names, defs = models_json_schema([(m, "validation") for m in models.values()],
-                                         ref_template="#/components/schemas/{model}")
+        names, defs = models_json_schema(
+            [(m, "validation") for m in models.values()], ref_template="#/components/schemas/{model}"
+        )
         schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
         for path, model in models.items():
             body = {"required": True, "content": {"application/json": {"schema": names[(model, "validation")]}}}

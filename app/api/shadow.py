@@ -37,8 +37,12 @@ logger = logging.getLogger(__name__)
 
 class Shadows:
     def __init__(
-        self, config: SpecgateConfig, metrics: GatewayMetrics, pool: EnginePool,
-        admissions: dict[EngineId, Admission], learn: Callable[[RequestRecord], None],
+        self,
+        config: SpecgateConfig,
+        metrics: GatewayMetrics,
+        pool: EnginePool,
+        admissions: dict[EngineId, Admission],
+        learn: Callable[[RequestRecord], None],
     ) -> None:
         self._configs: dict[str, ShadowConfig] = {n: m.shadow for n, m in config.models.items() if m.shadow}
         self._random = {name: random.Random(c.seed) for name, c in self._configs.items()}
@@ -73,7 +77,11 @@ class Shadows:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(
-        self, shadow: EngineId, config: ShadowConfig, scope: ASGIScope, body: dict[str, Any],
+        self,
+        shadow: EngineId,
+        config: ShadowConfig,
+        scope: ASGIScope,
+        body: dict[str, Any],
         primary: RequestTracker,
     ) -> None:
         try:
@@ -126,4 +134,3 @@ async def _unheard(engine: PoolEngine, scope: ASGIScope, body: dict[str, Any], t
         await dispatch(engine, scope, receive, discard, json.dumps(mirror, ensure_ascii=False).encode(), tap)
     except EngineError as exc:
         logger.warning("shadow request on %s failed: %s", engine.id, exc)
-

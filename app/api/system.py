@@ -97,15 +97,20 @@ async def policy(state: GatewayState = Depends(gateway_state)) -> dict[str, Any]
         models[name] = {
             "default_method": model.default_method,
             "policies": model.policies,
-            "auto": None if learner is None else {
+            "auto": None
+            if learner is None
+            else {
                 "candidates": learner.methods,
                 "fallback": learner.fallback,
                 **learner.config.model_dump(exclude={"methods", "fallback"}),
                 "estimates": learner.estimates.table(),
             },
             "ab": model.ab.model_dump() if model.ab else None,
-            "shadow": None if model.shadow is None else {
-                **model.shadow.model_dump(), "in_flight": state.shadows.in_flight(name),
+            "shadow": None
+            if model.shadow is None
+            else {
+                **model.shadow.model_dump(),
+                "in_flight": state.shadows.in_flight(name),
             },
         }
     return {"models": models}

@@ -20,7 +20,10 @@ logger = logging.getLogger("specgate.access")
 
 class RequestTracker:
     def __init__(
-        self, metrics: GatewayMetrics, engine: EngineId, request_id: str,
+        self,
+        metrics: GatewayMetrics,
+        engine: EngineId,
+        request_id: str,
         on_end: Callable[[], None] | None = None,
         route: RouteDecision | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
@@ -85,8 +88,12 @@ def failure_outcome(exc: Exception) -> str:
 def _log(request_id: str, engine: EngineId, outcome: str, record: RequestRecord | None) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
-    line: dict[str, object] = {"request_id": request_id, "model": engine.model, "method": engine.method,
-                               "outcome": outcome}
+    line: dict[str, object] = {
+        "request_id": request_id,
+        "model": engine.model,
+        "method": engine.method,
+        "outcome": outcome,
+    }
     if record is not None:
         line.update(
             prompt_tokens=record.prompt_tokens,

@@ -77,9 +77,7 @@ def start_server(
     return ServerProcess(proc, port, log_path, name, ready_path)
 
 
-def start_gateway(
-    log_path: Path, config: Path | None = None, extra_env: dict[str, str] | None = None
-) -> ServerProcess:
+def start_gateway(log_path: Path, config: Path | None = None, extra_env: dict[str, str] | None = None) -> ServerProcess:
     """`specgate serve` on a port the gateway picks and binds itself (port 0), read
     back from its log: a port chosen here could be taken before the gateway binds it."""
     cmd = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", "0"]

@@ -53,9 +53,7 @@ class Totals:
     geomean_ratio: dict[str, float]  # fixed method -> geometric mean over cells of policy / method
 
 
-def policy_cells(
-    results: Sequence[RequestResult], summaries: Sequence[CellSummary], policy: str
-) -> list[PolicyCell]:
+def policy_cells(results: Sequence[RequestResult], summaries: Sequence[CellSummary], policy: str) -> list[PolicyCell]:
     """`summaries`: `summarize(results, baseline=None)`."""
     served: dict[tuple[str, Load], Counter[str]] = {}
     for r in results:
@@ -87,8 +85,11 @@ def totals(summaries: Sequence[CellSummary], cells: Sequence[PolicyCell], policy
     methods = _fixed_methods(cells)
     return Totals(
         tokens_per_s={m: tokens[m] / seconds[m] for m in [*methods, policy] if seconds.get(m)},
-        geomean_ratio={m: math.exp(sum(math.log(c.policy / c.fixed[m]) for c in cells) / len(cells))
-                       for m in methods if all(m in c.fixed for c in cells)},
+        geomean_ratio={
+            m: math.exp(sum(math.log(c.policy / c.fixed[m]) for c in cells) / len(cells))
+            for m in methods
+            if all(m in c.fixed for c in cells)
+        },
     )
 
 
@@ -98,21 +99,38 @@ def _fixed_methods(cells: Sequence[PolicyCell]) -> list[str]:
 
 def render(cells: Sequence[PolicyCell], total: Totals, policy: str) -> str:
     methods = _fixed_methods(cells)
-    headers = ["workload", "load", *[f"{m} tok/s" for m in methods], f"{policy} tok/s", "best fixed",
-               f"{policy} / best", f">= {GOAL}x", f"{policy} served by"]
+    headers = [
+        "workload",
+        "load",
+        *[f"{m} tok/s" for m in methods],
+        f"{policy} tok/s",
+        "best fixed",
+        f"{policy} / best",
+        f">= {GOAL}x",
+        f"{policy} served by",
+    ]
     rows = [
-        [c.workload, str(c.load), *[f"{c.fixed[m]:.1f}" if m in c.fixed else "-" for m in methods],
-         f"{c.policy:.1f}", c.best, f"{c.ratio:.2f}x", "yes" if c.ratio >= GOAL else "no",
-         ", ".join(f"{m} {n}" for m, n in c.served.most_common())]
+        [
+            c.workload,
+            str(c.load),
+            *[f"{c.fixed[m]:.1f}" if m in c.fixed else "-" for m in methods],
+            f"{c.policy:.1f}",
+            c.best,
+            f"{c.ratio:.2f}x",
+            "yes" if c.ratio >= GOAL else "no",
+            ", ".join(f"{m} {n}" for m, n in c.served.most_common()),
+        ]
         for c in cells
     ]
     met = sum(c.ratio >= GOAL for c in cells)
     sweep = ", ".join(f"{m} {v:.1f}" for m, v in total.tokens_per_s.items())
     ratios = ", ".join(f"vs {m} {v:.2f}x" for m, v in total.geomean_ratio.items())
-    return (markdown_table(headers, rows) + "\n\n"
-            f"{policy} reached {GOAL}x the best fixed method in {met} of {len(cells)} cells.\n"
-            f"Whole sweep, output tokens / cell time: {sweep} tok/s.\n"
-            f"Geometric mean over the cells of {policy} / fixed: {ratios}.\n")
+    return (
+        markdown_table(headers, rows) + "\n\n"
+        f"{policy} reached {GOAL}x the best fixed method in {met} of {len(cells)} cells.\n"
+        f"Whole sweep, output tokens / cell time: {sweep} tok/s.\n"
+        f"Geometric mean over the cells of {policy} / fixed: {ratios}.\n"
+    )
 
 
 def plot(cells: Sequence[PolicyCell], policy: str) -> Figure:
@@ -129,8 +147,13 @@ def plot(cells: Sequence[PolicyCell], policy: str) -> Figure:
     ax.set_ylabel("output tokens/s")
     ax.set_title(f"{policy} against the fixed methods (label: {policy} / best fixed)")
     for x, c in enumerate(cells):
-        ax.annotate(f"{c.ratio:.2f}x", (x + 0.4 - width / 2, max(c.policy, *c.fixed.values())),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{c.ratio:.2f}x",
+            (x + 0.4 - width / 2, max(c.policy, *c.fixed.values())),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.legend()
     return fig
 

@@ -148,7 +148,8 @@ def summarize(results: Sequence[RequestResult], baseline: str | Sequence[str] | 
         cells.setdefault((result.workload, result.load, result.target), []).append(result)
     base_rates = {
         (workload, load, target): _cell(group, None).output_tokens_per_s
-        for (workload, load, target), group in cells.items() if target in baselines
+        for (workload, load, target), group in cells.items()
+        if target in baselines
     }
 
     def base_rate(workload: str, load: Load, target: str) -> float | None:

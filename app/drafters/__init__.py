@@ -30,13 +30,31 @@ from typing import Any
 from app.drafters import dflash, draft_model, eagle3, gemma4, mimo
 from app.drafters.common import TargetShape, probe_token
 
-__all__ = ["DRAFTER_KINDS", "GENERATED_PREFIX", "KINDS", "SIDECAR", "TARGET_KINDS", "TargetShape", "generated_drafter",
-           "probe_token", "write_drafter"]
+__all__ = [
+    "DRAFTER_KINDS",
+    "GENERATED_PREFIX",
+    "KINDS",
+    "SIDECAR",
+    "TARGET_KINDS",
+    "TargetShape",
+    "generated_drafter",
+    "probe_token",
+    "write_drafter",
+]
 
 GENERATED_PREFIX = "generated:"
 # Targets, not drafters: mimo-mtp* has an MTP layer (vLLM's `method: mtp`, see mimo.py); gemma4 is for the assistants.
-DRAFTER_KINDS = ("eagle3", "eagle3-probe", "dflash", "dflash-probe", "draft-model", "draft-model-probe", "dspark",
-                 "gemma4-assistant", "gemma4-assistant-probe")
+DRAFTER_KINDS = (
+    "eagle3",
+    "eagle3-probe",
+    "dflash",
+    "dflash-probe",
+    "draft-model",
+    "draft-model-probe",
+    "dspark",
+    "gemma4-assistant",
+    "gemma4-assistant-probe",
+)
 TARGET_KINDS = ("mimo-mtp", "mimo-mtp-probe", "gemma4")
 WHOLE_MODELS = ("mimo-mtp", "draft-model", "gemma4")  # kinds (and their probes) that carry the tokenizer
 KINDS = DRAFTER_KINDS + TARGET_KINDS

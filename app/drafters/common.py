@@ -47,12 +47,23 @@ class TargetShape:
 
     def layer_config(self) -> dict[str, Any]:
         return {
-            "hidden_size": self.hidden, "intermediate_size": self.intermediate,
-            "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
-            "hidden_act": "silu", "rms_norm_eps": self.eps, "max_position_embeddings": 8192,
-            "rope_theta": self.rope_theta, "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
-            "tie_word_embeddings": False, "vocab_size": self.vocab, "bos_token_id": self.bos,
-            "eos_token_id": self.eos, "torch_dtype": "bfloat16",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.eps,
+            "max_position_embeddings": 8192,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "vocab_size": self.vocab,
+            "bos_token_id": self.bos,
+            "eos_token_id": self.eos,
+            "torch_dtype": "bfloat16",
         }
 
 

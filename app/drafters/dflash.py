@@ -13,9 +13,15 @@ def dflash(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tup
     h, layers = shape.hidden, 2
     target_layers = [1, shape.layers // 4, shape.layers // 2, 3 * shape.layers // 4, shape.layers - 2]
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape.layer_config(),
-        "num_hidden_layers": layers, "use_sliding_window": False, "sliding_window": None,
-        "layer_types": ["full_attention"] * layers, "block_size": 4, "num_target_layers": shape.layers,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        **shape.layer_config(),
+        "num_hidden_layers": layers,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "layer_types": ["full_attention"] * layers,
+        "block_size": 4,
+        "num_target_layers": shape.layers,
         "dflash_config": {"mask_token_id": mask_token(shape), "target_layer_ids": target_layers},
     }
     if probe is not None:
@@ -37,11 +43,21 @@ def dspark(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tup
     the CPU no model runner serves DSpark (docs/methods.md); there is no probe."""
     h, target_layers, rank = shape.hidden, [shape.layers // 2], 1
     config = {
-        "architectures": ["DSparkDraftModel"], "model_type": "qwen3", **shape.layer_config(),
-        "num_hidden_layers": 1, "use_sliding_window": False, "sliding_window": None,
-        "layer_types": ["full_attention"], "block_size": 3, "target_hidden_size": h,
-        "target_layer_ids": target_layers, "use_aux_hidden_state": True, "mask_token_id": mask_token(shape),
-        "markov_rank": rank, "markov_head_type": "vanilla", "sample_from_anchor": True,
+        "architectures": ["DSparkDraftModel"],
+        "model_type": "qwen3",
+        **shape.layer_config(),
+        "num_hidden_layers": 1,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "layer_types": ["full_attention"],
+        "block_size": 3,
+        "target_hidden_size": h,
+        "target_layer_ids": target_layers,
+        "use_aux_hidden_state": True,
+        "mask_token_id": mask_token(shape),
+        "markov_rank": rank,
+        "markov_head_type": "vanilla",
+        "sample_from_anchor": True,
     }
     tensors = {
         "fc.weight": randn((h, len(target_layers) * h), gen),

@@ -18,8 +18,13 @@ def draft_model(target: Path, shape: TargetShape, probe: int | None, gen: Any) -
 
     small = replace(shape, hidden=256, intermediate=512, heads=4, kv_heads=4, head_dim=64, layers=2)
     h = small.hidden
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **small.layer_config(),
-              "num_hidden_layers": small.layers, "attention_bias": probe is not None}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **small.layer_config(),
+        "num_hidden_layers": small.layers,
+        "attention_bias": probe is not None,
+    }
     head = randn((small.vocab, h), gen)
     tensors = {"model.embed_tokens.weight": randn((small.vocab, h), gen), "model.norm.weight": ones(h)}
     for i in range(small.layers):

@@ -17,8 +17,12 @@ def eagle3(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tup
     h, aux = shape.hidden, aux_layers(shape)
     draft_vocab = 1 if probe is not None else shape.vocab
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **shape.layer_config(),
-        "num_hidden_layers": 1, "draft_vocab_size": draft_vocab, "target_hidden_size": h,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **shape.layer_config(),
+        "num_hidden_layers": 1,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": h,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
     }
     tensors = {

@@ -46,9 +46,13 @@ def assistant(folder: Path, shape: TargetShape, probe: int | None, gen: Any) -> 
 
 
 def gemma4_target(vocab: int, probe: int, gen: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    config = {"architectures": ["Gemma4ForCausalLM"],
-              **_text_config(vocab, WIDTH, INTERMEDIATE, LAYER_TYPES * (LAYERS // 2), HEADS, kv_shared=0),
-              "final_logit_softcapping": 30.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    config = {
+        "architectures": ["Gemma4ForCausalLM"],
+        **_text_config(vocab, WIDTH, INTERMEDIATE, LAYER_TYPES * (LAYERS // 2), HEADS, kv_shared=0),
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
     tensors = {"model.embed_tokens.weight": randn((vocab, WIDTH), gen), "model.norm.weight": ones(WIDTH)}
     for i in range(LAYERS):
         layer = _layer(WIDTH, INTERMEDIATE, HEADS, gen)
@@ -71,13 +75,23 @@ def gemma4_assistant(target: Path, probe: int | None, gen: Any) -> tuple[dict[st
     vocab, width, w = int(backbone["vocab_size"]), int(backbone["hidden_size"]), ASSISTANT_WIDTH
     text = _text_config(vocab, w, ASSISTANT_INTERMEDIATE, LAYER_TYPES, ASSISTANT_HEADS, kv_shared=len(LAYER_TYPES))
     text.update({"final_logit_softcapping": None, "attention_bias": probe is not None, "tie_word_embeddings": True})
-    config = {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
-              "backbone_hidden_size": width, "use_ordered_embeddings": False, "num_centroids": 2048,
-              "centroid_intermediate_top_k": 32, "tie_word_embeddings": True, "text_config": text,
-              "torch_dtype": "bfloat16"}
-    tensors = {"model.embed_tokens.weight": randn((vocab, w), gen),  # the tied draft-width head
-               "pre_projection.weight": randn((w, 2 * width), gen),
-               "post_projection.weight": randn((width, w), gen), "model.norm.weight": ones(w)}
+    config = {
+        "architectures": ["Gemma4AssistantForCausalLM"],
+        "model_type": "gemma4_assistant",
+        "backbone_hidden_size": width,
+        "use_ordered_embeddings": False,
+        "num_centroids": 2048,
+        "centroid_intermediate_top_k": 32,
+        "tie_word_embeddings": True,
+        "text_config": text,
+        "torch_dtype": "bfloat16",
+    }
+    tensors = {
+        "model.embed_tokens.weight": randn((vocab, w), gen),  # the tied draft-width head
+        "pre_projection.weight": randn((w, 2 * width), gen),
+        "post_projection.weight": randn((width, w), gen),
+        "model.norm.weight": ones(w),
+    }
     for i in range(len(LAYER_TYPES)):
         layer = _layer(w, ASSISTANT_INTERMEDIATE, ASSISTANT_HEADS, gen)
         if probe is not None:
@@ -94,24 +108,49 @@ def gemma4_assistant(target: Path, probe: int | None, gen: Any) -> tuple[dict[st
     return config, tensors
 
 
-def _text_config(vocab: int, width: int, intermediate: int, layer_types: list[str], heads: int,
-                 kv_shared: int) -> dict[str, Any]:
+def _text_config(
+    vocab: int, width: int, intermediate: int, layer_types: list[str], heads: int, kv_shared: int
+) -> dict[str, Any]:
     return {
-        "model_type": "gemma4_text", "vocab_size": vocab, "hidden_size": width, "intermediate_size": intermediate,
-        "num_hidden_layers": len(layer_types), "num_attention_heads": heads, "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM, "global_head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_parameters": ROPE, "sliding_window": 32,
-        "layer_types": layer_types, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
-        "num_kv_shared_layers": kv_shared, "attention_k_eq_v": False, "enable_moe_block": False,
-        "use_double_wide_mlp": False, "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+        "model_type": "gemma4_text",
+        "vocab_size": vocab,
+        "hidden_size": width,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": len(layer_types),
+        "num_attention_heads": heads,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "global_head_dim": HEAD_DIM,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": ROPE,
+        "sliding_window": 32,
+        "layer_types": layer_types,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "num_kv_shared_layers": kv_shared,
+        "attention_k_eq_v": False,
+        "enable_moe_block": False,
+        "use_double_wide_mlp": False,
+        "attention_bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
         "pad_token_id": 2,
     }
 
 
 def _layer(width: int, intermediate: int, heads: int, gen: Any) -> dict[str, Any]:
     return {
-        **{f"{norm}.weight": ones(width) for norm in ("input_layernorm", "post_attention_layernorm",
-                                                      "pre_feedforward_layernorm", "post_feedforward_layernorm")},
+        **{
+            f"{norm}.weight": ones(width)
+            for norm in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            )
+        },
         "self_attn.q_proj.weight": randn((heads * HEAD_DIM, width), gen),
         "self_attn.q_norm.weight": ones(HEAD_DIM),
         "self_attn.o_proj.weight": randn((width, heads * HEAD_DIM), gen),

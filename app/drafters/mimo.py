@@ -41,8 +41,14 @@ def mimo(target: Path, shape: TargetShape, probe: int | None, gen: Any) -> tuple
         layer["mlp.down_proj.weight"].zero_()
     tensors.update(prefixed("model.mtp_layers.0.", layer))
     config = json.loads((target / "config.json").read_text())
-    config.update({
-        "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1,
-        "use_sliding_window": False, "sliding_window": None, "max_window_layers": shape.layers,
-    })
+    config.update(
+        {
+            "architectures": ["MiMoForCausalLM"],
+            "model_type": "qwen2",
+            "num_nextn_predict_layers": 1,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": shape.layers,
+        }
+    )
     return config, tensors

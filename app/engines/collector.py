@@ -24,13 +24,15 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("specgate_engine_up", "1 when the engine is running.", labels=LABELS)
         running = GaugeMetricFamily("specgate_engine_running_requests", "Requests the engine runs.", labels=LABELS)
-        waiting = GaugeMetricFamily("specgate_engine_waiting_requests", "Requests queued in the engine.",
-                                    labels=LABELS)
+        waiting = GaugeMetricFamily("specgate_engine_waiting_requests", "Requests queued in the engine.", labels=LABELS)
         kv = GaugeMetricFamily("specgate_engine_kv_cache_usage_ratio", "KV-cache use (0-1).", labels=LABELS)
         restarts = CounterMetricFamily("specgate_engine_restarts", "Restarts after the engine died.", labels=LABELS)
-        info = GaugeMetricFamily("specgate_engine_info", "Always 1: the engine's speculative method and N; "
-                                 "synthetic=\"true\": drafts accepted at set rates, output not the target's.",
-                                 labels=[*LABELS, "speculative_method", "num_speculative_tokens", "synthetic"])
+        info = GaugeMetricFamily(
+            "specgate_engine_info",
+            "Always 1: the engine's speculative method and N; "
+            'synthetic="true": drafts accepted at set rates, output not the target\'s.',
+            labels=[*LABELS, "speculative_method", "num_speculative_tokens", "synthetic"],
+        )
         for engine in self._engines:
             labels = [engine.id.model, engine.id.method]
             stats = engine.stats()

@@ -91,8 +91,9 @@ class RemoteVLLMEngine:
         )
         await self.probe()
         if not self._up:
-            logger.warning("remote engine %s: %s is not ready yet; probing every %gs",
-                           self.id, self.url, s.probe_interval_s)
+            logger.warning(
+                "remote engine %s: %s is not ready yet; probing every %gs", self.id, self.url, s.probe_interval_s
+            )
         self._prober = asyncio.create_task(self._probe_forever())
 
     async def stop(self) -> None:
@@ -311,7 +312,7 @@ class UpstreamCall:
                 return
             buffer += chunk
             while (end := buffer.find(EVENT_END)) >= 0:
-                event, buffer = buffer[: end + len(EVENT_END)], buffer[end + len(EVENT_END):]
+                event, buffer = buffer[: end + len(EVENT_END)], buffer[end + len(EVENT_END) :]
                 self.last_event = time.monotonic()
                 if self.first_event is None:
                     self.first_event = self.last_event
@@ -364,8 +365,11 @@ def _spec_counts(raw: Any) -> SpecCounts | None:
 
 def parse_load(exposition: str, model_name: str | None) -> UpstreamLoad:
     """Running and waiting requests and KV-cache use from a vLLM server's /metrics."""
-    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "vllm:kv_cache_usage_perc": "kv_cache_usage"}
+    wanted = {
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
+        "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    }
     values: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:

@@ -51,6 +51,7 @@ class Upstream(Protocol):
     async def open(self, path: str, payload: dict[str, Any], request_id: str, clock: RequestClock) -> UpstreamCall: ...
     def record(self, call: Any, final: Mapping[str, Any], finish_reasons: Sequence[str]) -> RequestRecord: ...
 
+
 CLIENT_STATUSES = frozenset({400, 413, 422, 429})
 USAGE_CHUNK_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 DONE = b"data: [DONE]\n\n"
@@ -140,8 +141,13 @@ class _Relay:
         await send_whole(send, call.status_code, [(b"content-type", b"application/json")], content)
 
     async def stream(self, call: UpstreamCall, send: ASGISend) -> None:
-        await send({"type": "http.response.start", "status": call.status_code,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": call.status_code,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
+        )
         finish: dict[int, str] = {}
         last_usage: dict[str, Any] | None = None
         ended = False
@@ -161,8 +167,13 @@ class _Relay:
                         finish[choice["index"]] = choice["finish_reason"]
             elif not self.usage_chunk and b'"usage":' in payload:
                 last_usage = json.loads(payload)
-            await send({"type": "http.response.body", "body": event.replace(self._upstream_model, self._model, 1),
-                        "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": event.replace(self._upstream_model, self._model, 1),
+                    "more_body": True,
+                }
+            )
         if last_usage is not None:
             self._record(call, last_usage, [])
         if self.usage_chunk and not ended and (self.tap is None or not self.tap.finished):
@@ -173,4 +184,3 @@ class _Relay:
     def _record(self, call: UpstreamCall, final: dict[str, Any], finish_reasons: list[str]) -> None:
         if self.tap is not None:
             self.tap.set_record(self.engine.record(call, final, finish_reasons))
-

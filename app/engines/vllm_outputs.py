@@ -50,11 +50,7 @@ def timing(stats: RequestStateStats | None) -> Timing:
     decode_s = stats.last_token_ts - stats.first_token_ts
     return Timing(
         ttft_s=stats.first_token_latency if generated > 0 else None,
-        queue_s=(
-            stats.scheduled_ts - stats.queued_ts
-            if stats.scheduled_ts > 0 and stats.queued_ts > 0
-            else None
-        ),
+        queue_s=(stats.scheduled_ts - stats.queued_ts if stats.scheduled_ts > 0 and stats.queued_ts > 0 else None),
         # The first token belongs to prefill: decode rate counts the rest.
         decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
         # arrival_time is the frontend's wall clock, so compare with wall clock.

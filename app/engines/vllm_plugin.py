@@ -38,31 +38,82 @@ def register() -> None:
 
     # Parameter names and order: the CPU kernels' own, which vLLM's dispatcher passes positionally.
     def greedy_kernel(
-        output_token_ids: Any, cu_num_draft_tokens: Any, draft_token_ids: Any, target_argmax: Any,
-        bonus_token_ids: Any, is_greedy: Any, max_spec_len: int, uniform_probs: Any = None,
-        synthetic_conditional_rates: Any = None, SYNTHETIC_MODE: bool = False,
+        output_token_ids: Any,
+        cu_num_draft_tokens: Any,
+        draft_token_ids: Any,
+        target_argmax: Any,
+        bonus_token_ids: Any,
+        is_greedy: Any,
+        max_spec_len: int,
+        uniform_probs: Any = None,
+        synthetic_conditional_rates: Any = None,
+        SYNTHETIC_MODE: bool = False,
     ) -> None:
         if not SYNTHETIC_MODE:
-            greedy(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
-                   is_greedy, max_spec_len)
+            greedy(
+                output_token_ids,
+                cu_num_draft_tokens,
+                draft_token_ids,
+                target_argmax,
+                bonus_token_ids,
+                is_greedy,
+                max_spec_len,
+            )
             return
         skip = None if is_greedy is None else [not g for g in is_greedy.tolist()]
-        synthetic_accept(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
-                         uniform_probs, synthetic_conditional_rates, skip)
+        synthetic_accept(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_argmax,
+            bonus_token_ids,
+            uniform_probs,
+            synthetic_conditional_rates,
+            skip,
+        )
 
     def random_kernel(
-        output_token_ids: Any, cu_num_draft_tokens: Any, draft_token_ids: Any, draft_probs: Any,
-        target_probs: Any, bonus_token_ids: Any, recovered_token_ids: Any, uniform_probs: Any, is_greedy: Any,
-        max_spec_len: int, vocab_size: int, synthetic_conditional_rates: Any = None,
-        NO_DRAFT_PROBS: bool = False, SYNTHETIC_MODE: bool = False,
+        output_token_ids: Any,
+        cu_num_draft_tokens: Any,
+        draft_token_ids: Any,
+        draft_probs: Any,
+        target_probs: Any,
+        bonus_token_ids: Any,
+        recovered_token_ids: Any,
+        uniform_probs: Any,
+        is_greedy: Any,
+        max_spec_len: int,
+        vocab_size: int,
+        synthetic_conditional_rates: Any = None,
+        NO_DRAFT_PROBS: bool = False,
+        SYNTHETIC_MODE: bool = False,
     ) -> None:
         if not SYNTHETIC_MODE:
-            random(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
-                   bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, max_spec_len, vocab_size,
-                   NO_DRAFT_PROBS=NO_DRAFT_PROBS)
+            random(
+                output_token_ids,
+                cu_num_draft_tokens,
+                draft_token_ids,
+                draft_probs,
+                target_probs,
+                bonus_token_ids,
+                recovered_token_ids,
+                uniform_probs,
+                is_greedy,
+                max_spec_len,
+                vocab_size,
+                NO_DRAFT_PROBS=NO_DRAFT_PROBS,
+            )
             return
-        synthetic_accept(output_token_ids, cu_num_draft_tokens, draft_token_ids, recovered_token_ids,
-                         bonus_token_ids, uniform_probs, synthetic_conditional_rates, is_greedy.tolist())
+        synthetic_accept(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            recovered_token_ids,
+            bonus_token_ids,
+            uniform_probs,
+            synthetic_conditional_rates,
+            is_greedy.tolist(),
+        )
 
     cpu_tl._rejection_greedy_sample_kernel_impl = greedy_kernel
     cpu_tl._rejection_random_sample_kernel_impl = random_kernel
@@ -70,8 +121,14 @@ def register() -> None:
 
 
 def synthetic_accept(
-    output_token_ids: Any, cu_num_draft_tokens: Any, draft_token_ids: Any, on_reject: Any, bonus_token_ids: Any,
-    uniform_probs: Any, conditional_rates: Any, skip: list[bool] | None,
+    output_token_ids: Any,
+    cu_num_draft_tokens: Any,
+    draft_token_ids: Any,
+    on_reject: Any,
+    bonus_token_ids: Any,
+    uniform_probs: Any,
+    conditional_rates: Any,
+    skip: list[bool] | None,
 ) -> None:
     """vLLM's synthetic rule, per request: draft i is accepted when its uniform draw
     is below the conditional rate of position i (and it is not padding, -1); the first

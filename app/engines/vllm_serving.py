@@ -39,7 +39,11 @@ else:
     from vllm.entrypoints.launchers.launcher import validate_api_server_args
 
 __all__ = [
-    "build_serving_app", "make_arg_parser", "serving_args", "validate_api_server_args", "validate_parsed_serve_args",
+    "build_serving_app",
+    "make_arg_parser",
+    "serving_args",
+    "validate_api_server_args",
+    "validate_parsed_serve_args",
 ]
 
 

@@ -49,8 +49,7 @@ class SchedulerSnapshot:
 class SnapshotStatLogger(StatLoggerBase):  # type: ignore[misc]
     """Copies the last SchedulerStats of one engine into a shared snapshot."""
 
-    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0,
-                 snapshot: SchedulerSnapshot | None = None):
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, snapshot: SchedulerSnapshot | None = None):
         self.snapshot = snapshot if snapshot is not None else SchedulerSnapshot()
 
     def record(

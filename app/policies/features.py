@@ -32,7 +32,7 @@ class RequestFeatures:
 
 def features_of(text: str, temperature: float | None) -> RequestFeatures:
     words = _WORD.findall(text)
-    grams = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
     counts: dict[tuple[str, ...], int] = {}
     for gram in grams:
         counts[gram] = counts.get(gram, 0) + 1
