@@ -37,6 +37,7 @@ run: model
 
 lint: install
 	$(VENV)/bin/ruff check app tests scripts dashboards deploy
+	$(VENV)/bin/ruff format --check app tests scripts dashboards deploy
 	$(VENV)/bin/mypy
 
 # The metrics tests run a real Prometheus: Debian's package.
