@@ -29,6 +29,7 @@ from app.record import RequestRecord
 
 EVENT_STREAM = b"text/event-stream"
 DATA = b"data: "
+ERROR_EVENT = DATA + b'{"error"'
 
 
 class AnswerWriter:
@@ -78,7 +79,7 @@ class AnswerWriter:
             if not more:
                 await self._send_whole(b"".join(self._held))
             return
-        if chunk.startswith(DATA + b'{"error"'):
+        if chunk.startswith(ERROR_EVENT):
             chunk = self._stream_error(chunk)
         if self._held or (self._tap is not None and self._tap.finished):
             self._held.append(chunk)

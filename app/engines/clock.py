@@ -61,23 +61,31 @@ class Watchdog:
     def __init__(self, clock: RequestClock) -> None:
         self._clock = clock
         self._loop = asyncio.get_running_loop()
+        self._idle = clock.limits.idle_timeout_s
+        total = clock.limits.total_timeout_s
+        # The loop's clock is time.monotonic, the clock's own.
+        self._total_end = None if total is None else clock.started + total
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None  # the task waiting now, if any
         self._deadline = 0.0  # loop time at which the current wait runs out
-        self._why = ""
+        self._by_total = False  # the current wait ends at the total limit, not the idle one
         self._expired = False
 
     def waiting(self) -> None:
         """A wait for the engine begins (in the current task)."""
-        budget, self._why = self._clock._budget()
-        if budget <= 0:
-            raise self._error()
+        now = self._loop.time()
+        deadline, self._by_total = now + self._idle, False
+        if self._total_end is not None and self._total_end < deadline:
+            deadline, self._by_total = self._total_end, True
+            if deadline <= now:
+                raise self._error()
         self._task = asyncio.current_task()
-        self._deadline = self._loop.time() + budget
-        if self._handle is None or self._handle.when() > self._deadline:  # the total may end a wait early
-            if self._handle is not None:
-                self._handle.cancel()
-            self._handle = self._loop.call_at(self._deadline, self._check)
+        self._deadline = deadline
+        handle = self._handle
+        if handle is None or handle.when() > deadline:  # the total may end a wait early
+            if handle is not None:
+                handle.cancel()
+            self._handle = self._loop.call_at(deadline, self._check)
 
     def idle(self) -> None:
         """The wait got its output."""
@@ -87,7 +95,7 @@ class Watchdog:
         self._handle = None
         now = self._loop.time()
         if self._task is None:  # between waits: the next one starts its own budget
-            self._handle = self._loop.call_at(now + self._clock.limits.idle_timeout_s, self._check)
+            self._handle = self._loop.call_at(now + self._idle, self._check)
         elif now >= self._deadline:
             self._expired = True
             self._task.cancel()
@@ -105,7 +113,12 @@ class Watchdog:
         return self._error()
 
     def _error(self) -> EngineTimeoutError:
-        return EngineTimeoutError(f"engine {self._clock.engine}: the request ran out of time after {self._why}")
+        limits = self._clock.limits
+        if self._by_total:
+            why = f"{limits.total_timeout_s:g} s (total_timeout_s)"
+        else:
+            why = f"{limits.idle_timeout_s:g} s without output (idle_timeout_s)"
+        return EngineTimeoutError(f"engine {self._clock.engine}: the request ran out of time after {why}")
 
     def close(self) -> None:
         if self._handle is not None:

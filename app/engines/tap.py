@@ -57,6 +57,7 @@ class RequestTap:
         # Set when the request failed below the serving layer: out of time, or the engine died.
         self.failure: EngineTimeoutError | EngineUnavailableError | None = None
         self._streams: list[_Stream] = []
+        self._open = 0  # streams without their final output yet (read for every streamed event)
         self._record: RequestRecord | None = None
 
     @property
@@ -69,7 +70,7 @@ class RequestTap:
         """The engine has given its last output (every prompt of a batch)."""
         if self._record is not None:
             return True
-        return bool(self._streams) and all(s.final is not None for s in self._streams)
+        return bool(self._streams) and self._open == 0
 
     def set_record(self, record: RequestRecord) -> None:
         self._record = record
@@ -95,6 +96,7 @@ class RequestTap:
     async def watch(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         stream = _Stream()
         self._streams.append(stream)
+        self._open += 1
         dog = self.clock.watchdog() if self.clock is not None else None
         try:
             while True:
@@ -113,6 +115,8 @@ class RequestTap:
                         raise
                     raise expired from None
                 stream.see(out)
+                if out.finished:
+                    self._open -= 1
                 yield out
         except EngineTimeoutError as exc:
             self.failure = exc
