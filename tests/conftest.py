@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess, start_server
-from tests.gateway import GatewayProcess, free_port, running_gateway
+from tests.support import GatewayProcess, free_port, running_gateway
 
 MODEL = "smollm2"
 # Session fixtures that start vLLM engines: a test using one is an `engine` test.
@@ -41,10 +40,6 @@ def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def client(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", timeout=300, max_retries=0)
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

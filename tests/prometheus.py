@@ -14,7 +14,7 @@ import httpx
 import yaml
 
 from dashboards.queries import all_panel_queries
-from tests.gateway import free_port
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"

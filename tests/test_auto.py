@@ -16,11 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.workloads import chat, edit
-from tests.gateway import GatewayProcess, embedded_model, running_gateway, wait_for, write_config
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
+from tests.support import GatewayProcess, embedded_model, running_gateway, series, wait_for, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -46,15 +45,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
         yield client
-
-
-def series(http: httpx.Client, name: str, **labels: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(http.get("/metrics").text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
 
 
 def settle(http: httpx.Client) -> None:

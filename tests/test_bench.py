@@ -19,8 +19,7 @@ import yaml
 from app.bench.report import read_jsonl
 from app.config import parse_config
 from tests.conftest import MODEL
-from tests.gateway import GatewayProcess
-from tests.test_metrics import scrape, total
+from tests.support import GatewayProcess, scrape, total
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("throughput.png", "speedup_vs_n.png", "acceptance_heatmap.png")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import yaml
 from app.config import ConfigError, EngineSettings, load_config, parse_config
 from app.engines.base import EngineId
 from app.engines.vllm_serving import serving_args
-from tests.conftest import repo_root
+from tests.support import REPO, run_cli
 
 
 def model(**overrides: Any) -> dict[str, Any]:
@@ -116,7 +114,7 @@ def test_method_engine_settings_override_model_settings() -> None:
 def shipped_configs() -> list[Path]:
     """The default, the deploy configs and the ones the docs' measurements ran (not
     the `tune.yaml` blocks `specgate tune` wrote there: parts to paste into one)."""
-    root = repo_root()
+    root = REPO
     docs = [path for path in sorted((root / "docs").rglob("*.yaml")) if path.name != "tune.yaml"]
     return [root / "app" / "default_config.yaml", *sorted((root / "deploy").rglob("*.yaml")), *docs]
 
@@ -126,12 +124,6 @@ def test_shipped_configs_load() -> None:
         raw = yaml.safe_load(path.read_text())
         if isinstance(raw, dict) and "models" in raw:
             parse_config(raw, source=str(path))
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=600, cwd=repo_root()
-    )
 
 
 def test_serve_refuses_invalid_file_before_any_engine(tmp_path: Path) -> None:
@@ -199,7 +191,7 @@ def test_study_configs_name_their_models_parsers() -> None:
     recipe gives; vLLM knows every one of them."""
     from app.engines.vllm_serving import validate_api_server_args
 
-    configs = sorted((repo_root() / "deploy" / "configs").glob("*.yaml"))
+    configs = sorted((REPO / "deploy" / "configs").glob("*.yaml"))
     assert configs
     for path in configs:
         for name, served in parse_config(yaml.safe_load(path.read_text()), source=str(path)).models.items():

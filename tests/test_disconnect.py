@@ -7,7 +7,7 @@ import threading
 import httpx
 
 from tests.conftest import MODEL
-from tests.gateway import wait_for
+from tests.support import wait_for
 
 LONG = {
     "messages": [{"role": "user", "content": "Write a very long essay about the history of Europe."}],

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from app.config import ConfigError, parse_config
 from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
 from app.embedded import resolve_embedded_targets
-from tests.gateway import embedded_model, running_gateway, write_config
+from tests.support import embedded_model, running_gateway, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 

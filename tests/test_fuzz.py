@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.gateway import GatewayProcess
+from tests.support import GatewayProcess
 
 EXAMPLES = 8  # per route and mode: 12 routes take bodies
 MAX_TOKENS = 8  # generation is real (CPU engines): valid requests stay short

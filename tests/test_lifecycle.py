@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from app.server import STARTUP_FAILURE
-from tests.gateway import descendants, start_gateway
+from tests.support import descendants, start_gateway
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway import GatewayProcess, descendants, embedded_model, running_gateway, wait_for, write_config
+from tests.support import GatewayProcess, descendants, embedded_model, running_gateway, series, wait_for, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -60,15 +60,6 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 def gw(limited: GatewayProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=limited.url, timeout=httpx.Timeout(120, connect=10)) as client:
         yield client
-
-
-def series(gw: httpx.Client, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(gw.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 def unfinished(gw: httpx.Client, engine: str = ENGINE) -> int:

@@ -13,32 +13,17 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.metrics import GatewayMetrics
 from app.record import RequestRecord, SpecCounts, Timing
 from tests.conftest import MODEL
-from tests.gateway import GatewayProcess
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
+from tests.support import GatewayProcess, scrape, total
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 PROMPTS = [
     "Repeat this list exactly: red, green, blue, cyan, magenta, yellow, black, white.",
     "Name three rivers in Europe.",
 ]
-
-
-def scrape(http: httpx.Client) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(http.get("/metrics").text):
-        for s in family.samples:
-            samples[(s.name, frozenset(s.labels.items()))] = s.value
-    return samples
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
 
 
 def send_traffic(client: openai.OpenAI, http: httpx.Client) -> list[dict[str, Any]]:

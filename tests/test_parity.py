@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from app.bench.gateway import ServerProcess
-from tests.gateway import GatewayProcess
+from tests.support import GatewayProcess
 
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:ngram"

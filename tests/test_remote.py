@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess
 from app.cli import read_config
 from app.config import Settings
-from tests.gateway import free_port, start_gateway, wait_for
+from tests.support import free_port, start_gateway, wait_for
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 

@@ -4,15 +4,13 @@ prints for a method, and reading an upstream's load gauges."""
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from app.config import ConfigError, parse_config
 from app.engines.remote import parse_load
-from tests.conftest import repo_root
+from tests.support import run_cli
 
 
 def config_with(method: dict[str, Any]) -> dict[str, Any]:
@@ -53,12 +51,6 @@ def test_remote_method_config() -> None:
 )
 def test_remote_config_errors_name_the_key(method: dict[str, Any], expected: str) -> None:
     assert expected in error_of(method)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300, cwd=repo_root()
-    )
 
 
 def parse_flags(args: list[str]) -> dict[str, str | bool]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway import GatewayProcess, free_port, start_gateway, wait_for
+from tests.support import GatewayProcess, free_port, start_gateway, wait_for
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 

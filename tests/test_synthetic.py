@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway import GatewayProcess, embedded_model, running_gateway, write_config
+from tests.support import GatewayProcess, embedded_model, running_gateway, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 

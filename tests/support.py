@@ -1,28 +1,38 @@
-"""The tests start real gateway processes (real uvicorn, real vLLM engines, a
-loopback port) with the launcher `specgate tune` uses; psutil adds a view of
-their children for the lifecycle tests."""
+"""What many test modules share: the gateway launcher (real uvicorn, real vLLM
+engines, a loopback port, the launcher `specgate tune` uses) with a psutil view of
+its children, the `/metrics` reader, and the CLI runner."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.gateway import ServerProcess as GatewayProcess
 from app.bench.gateway import free_port, start_gateway
 
 __all__ = [
+    "REPO",
     "GatewayProcess",
+    "Samples",
     "descendants",
     "embedded_model",
     "free_port",
+    "run_cli",
     "running_gateway",
+    "scrape",
+    "series",
     "start_gateway",
+    "total",
     "wait_for",
     "write_config",
 ]
@@ -77,3 +87,35 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+REPO = Path(__file__).resolve().parent.parent
+# (name, labels) -> value of every sample of one scrape
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(http: httpx.Client) -> Samples:
+    """One scrape of the gateway's `/metrics`."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of a series' samples whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
+
+
+def series(http: httpx.Client, name: str, **labels: str) -> float:
+    """`total` of a fresh scrape."""
+    return total(scrape(http), name, **labels)
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`specgate ARGS` as a user runs it, from the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
