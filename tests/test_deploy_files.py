@@ -476,6 +476,7 @@ def test_each_engine_is_built_on_its_own_devices(config: Path, monkeypatch: pyte
     vLLM resolves them to physical GPUs no other engine has, also inside a container that
     was given a subset of the host's GPUs (device_ids index the visible set, as
     `vllm serve --device-ids` does). The gateway sets no device variable of its own."""
+    import vllm.envs
     from vllm.platforms import current_platform
 
     from app.engines.base import EngineId
@@ -486,6 +487,9 @@ def test_each_engine_is_built_on_its_own_devices(config: Path, monkeypatch: pyte
     monkeypatch.setattr(type(current_platform), "device_control_env_var", "CUDA_VISIBLE_DEVICES")
     visible = [7, 6, 5, 4, 3, 2, 1, 0]  # a container given the host's GPUs in another order
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, visible)))
+    # vLLM reads it through vllm.envs, which caches every variable once an engine core has
+    # started in this process: set it there too.
+    monkeypatch.setattr(vllm.envs, "CUDA_VISIBLE_DEVICES", ",".join(map(str, visible)), raising=False)
     loaded = load_config(config)
     owner: dict[int, str] = {}
     for model, method, kwargs, _ in engines(loaded):
