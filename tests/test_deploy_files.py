@@ -476,13 +476,17 @@ def test_each_engine_is_built_on_its_own_devices(config: Path, monkeypatch: pyte
     vLLM resolves them to physical GPUs no other engine has, also inside a container that
     was given a subset of the host's GPUs (device_ids index the visible set, as
     `vllm serve --device-ids` does). The gateway sets no device variable of its own."""
+    import huggingface_hub.constants
     import vllm.envs
     from vllm.platforms import current_platform
 
     from app.engines.base import EngineId
     from app.engines.vllm_local import build_engine_args
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Offline, vLLM resolves a hub id to its cached folder while it builds the arguments,
+    # and these checkpoints are not cached here; online it leaves the id alone. Building
+    # arguments downloads nothing either way.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     # The CPU platform's device variable is a NUMA one; resolve as the GPU platforms do.
     monkeypatch.setattr(type(current_platform), "device_control_env_var", "CUDA_VISIBLE_DEVICES")
     visible = [7, 6, 5, 4, 3, 2, 1, 0]  # a container given the host's GPUs in another order
