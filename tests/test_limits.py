@@ -276,10 +276,14 @@ def test_soak_every_request_ends_cleanly_and_nothing_leaks(gw: httpx.Client, lim
 
     answered = sum(1 for r in results if r.complete)
     timed_out = sum(1 for r in results if r.error_type == "timeout_error")
-    assert moved("stop") + moved("length") == answered
+    left = sum(1 for r in results if r.kind == "disconnect")
+    # A client that leaves after the gateway wrote the whole answer into the socket's
+    # buffers left a finished request (it happened once in CI): counted as answered.
+    late = left - moved("cancelled")
+    assert 0 <= late <= 2, (moved("cancelled"), left)
+    assert moved("stop") + moved("length") == answered + late
     assert moved("rejected:overloaded") == sum(1 for r in results if r.status == 429)
     assert moved("timeout") + moved("rejected:queue_timeout") == timed_out
-    assert moved("cancelled") == sum(1 for r in results if r.kind == "disconnect")
     assert moved("error") == 0 and moved("invalid") == 0
 
 

@@ -74,6 +74,22 @@ def probe_token(target: Path) -> int:
     return int(ids[0])
 
 
+def probe_accepts(baseline: list[str], probe: str, n: int, limit: int) -> int:
+    """The drafts a probe drafter gets accepted over a greedy answer of `limit` tokens:
+    step by step, the run of probe tokens (at most n) where the step starts, then the
+    target's own token. The first output token comes from the prefill, not a draft.
+    `baseline` runs n tokens past the limit: vLLM counts the accepted drafts of the
+    last step before it trims the output to max_tokens."""
+    accepted, i = 0, 1
+    while i < min(limit, len(baseline)):
+        run = 0
+        while run < n and i + run < len(baseline) and baseline[i + run] == probe:
+            run += 1
+        accepted += run
+        i += run + 1
+    return accepted
+
+
 def mask_token(shape: TargetShape) -> int:
     """Any valid id that is not BOS/EOS: the embedding fed to DFlash's mask query slots."""
     return next(i for i in range(3, shape.vocab) if i not in (shape.bos, shape.eos))
