@@ -194,7 +194,8 @@ def main() -> int:
         for name, (server, served) in servers.items() if args.profile else ():
             out = args.out / f"profile-{name.replace(' ', '-')}-c{args.profile}.txt"
             with profiled(server.proc.pid, out):
-                bench(server.url, served, model.target, args.profile, args.profile * args.prompts_per_client, args)
+                # Four times a measured run's prompts: enough samples for a profile.
+                bench(server.url, served, model.target, args.profile, 4 * args.profile * args.prompts_per_client, args)
             console.log(f"profiled {name}: {out if out.exists() else 'no profile'}")
     finally:
         for server, _ in servers.values():
