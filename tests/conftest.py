@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess, start_server
-from tests.support import GatewayProcess, free_port, running_gateway
+from tests.support import GatewayProcess, free_port, http_client, running_gateway
 
 MODEL = "smollm2"
 # Session fixtures that start vLLM engines: a test using one is an `engine` test.
@@ -33,7 +33,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="session")
 def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
+    with http_client(gateway.url) as client:
         yield client
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "descendants",
     "embedded_model",
     "free_port",
+    "http_client",
     "run_cli",
     "running_gateway",
     "scrape",
@@ -50,6 +51,13 @@ def running_gateway(
     finally:
         if gateway.interrupt() != 0:
             print(gateway.log()[-3000:])
+
+
+@contextmanager
+def http_client(url: str, timeout_s: float = 300) -> Iterator[httpx.Client]:
+    """A client of a test's server: generous reads (a first request compiles), quick connects."""
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(timeout_s, connect=10)) as http:
+        yield http
 
 
 def embedded_model(**overrides: Any) -> dict[str, Any]:

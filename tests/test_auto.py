@@ -19,7 +19,7 @@ import pytest
 
 from app.bench.workloads import chat, edit
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
-from tests.support import GatewayProcess, embedded_model, running_gateway, series, wait_for, write_config
+from tests.support import GatewayProcess, embedded_model, http_client, running_gateway, series, wait_for, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -43,7 +43,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="module")
 def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
+    with http_client(gateway.url) as client:
         yield client
 
 

@@ -24,7 +24,7 @@ from app.config import ConfigError, parse_config
 from app.drafters import SIDECAR, TargetShape, generated_drafter, probe_token
 from app.drafters.common import probe_accepts
 from app.embedded import resolve_embedded_targets
-from tests.support import embedded_model, running_gateway, write_config
+from tests.support import embedded_model, http_client, running_gateway, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -112,7 +112,7 @@ class GroupGateways:
         group = next(g for g, config in self._configs.items() if set(models) <= set(config))
         config = write_config(self._tmp / f"{group}.yaml", self._configs[group])
         gateway = self._stack.enter_context(running_gateway(self._tmp / f"{group}.log", config))
-        http = self._stack.enter_context(httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)))
+        http = self._stack.enter_context(http_client(gateway.url))
         self._running, self._http = group, http
         return http
 

@@ -19,7 +19,16 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import GatewayProcess, descendants, embedded_model, running_gateway, series, wait_for, write_config
+from tests.support import (
+    GatewayProcess,
+    descendants,
+    embedded_model,
+    http_client,
+    running_gateway,
+    series,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -58,7 +67,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="module")
 def gw(limited: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=limited.url, timeout=httpx.Timeout(120, connect=10)) as client:
+    with http_client(limited.url, 120) as client:
         yield client
 
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess
 from app.cli import read_config
 from app.config import Settings
-from tests.support import free_port, start_gateway, wait_for
+from tests.support import free_port, http_client, start_gateway, wait_for
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -88,7 +88,7 @@ def upstream(servers: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def gw(servers: tuple[ServerProcess, ServerProcess]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=servers[1].url, timeout=httpx.Timeout(300, connect=10)) as client:
+    with http_client(servers[1].url) as client:
         yield client
 
 

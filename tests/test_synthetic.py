@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import GatewayProcess, embedded_model, running_gateway, write_config
+from tests.support import GatewayProcess, embedded_model, http_client, running_gateway, write_config
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -64,7 +64,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="module")
 def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=httpx.Timeout(300, connect=10)) as client:
+    with http_client(gateway.url) as client:
         yield client
 
 
