@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -36,6 +37,14 @@ class Children:
         if child is None:
             child = self._cache[key] = metric.labels(*labels)
         return child
+
+
+@dataclass(frozen=True)
+class AdmissionSeries:
+    """The two series one engine's admission moves (app/api/admission.py)."""
+
+    queued: Gauge
+    overloaded: Counter
 
 
 class GatewayMetrics:
@@ -109,6 +118,9 @@ class GatewayMetrics:
         )
         self.shadow = ShadowMetrics(reg)
         self._vllm = VllmCompatibleMetrics(reg)
+
+    def admission(self, model: str, method: str) -> AdmissionSeries:
+        return AdmissionSeries(self.queued.labels(model, method), self.rejected.labels(model, method, "overloaded"))
 
     def add_engine(self, model: str, method: str, num_speculative_tokens: int | None) -> None:
         """Create an engine's series at zero, so rates and `vllm bench serve`'s

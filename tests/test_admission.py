@@ -21,7 +21,7 @@ ENGINE = EngineId("m", "x")
 
 def admission(**limits: int) -> tuple[Admission, GatewayMetrics]:
     metrics = GatewayMetrics()
-    return Admission(ENGINE, Limits(**limits), metrics), metrics
+    return Admission(ENGINE, Limits(**limits), metrics.admission(ENGINE.model, ENGINE.method)), metrics
 
 
 def clock(**limits: float) -> RequestClock:
@@ -120,7 +120,8 @@ def test_the_load_meter_counts_every_request_from_arrival_to_end() -> None:
 
     async def scenario() -> None:
         meter = LoadMeter(shared=True)
-        adm = Admission(ENGINE, Limits(max_in_flight=1, max_queued=1), GatewayMetrics(), meter)
+        series = GatewayMetrics().admission(ENGINE.model, ENGINE.method)
+        adm = Admission(ENGINE, Limits(max_in_flight=1, max_queued=1), series, meter)
 
         def agrees() -> bool:
             return meter.busy == adm.in_flight + adm.queued

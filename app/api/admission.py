@@ -22,22 +22,22 @@ from app.api.tracking import RequestTracker
 from app.config import Limits
 from app.engines.base import EngineId, EngineTimeoutError
 from app.engines.clock import RequestClock
-from app.metrics import GatewayMetrics
+from app.metrics import AdmissionSeries, GatewayMetrics
 from app.policies.load import LoadMeter
 from app.record import RequestRecord, RouteDecision
 
 
 class Admission:
     def __init__(
-        self, engine: EngineId, limits: Limits, metrics: GatewayMetrics, meter: LoadMeter | None = None
+        self, engine: EngineId, limits: Limits, series: AdmissionSeries, meter: LoadMeter | None = None
     ) -> None:
         self.engine = engine
         self.limits = limits
         self.meter = meter
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._queued_gauge = metrics.queued.labels(engine.model, engine.method)
-        self._rejected = metrics.rejected.labels(engine.model, engine.method, "overloaded")
+        self._queued_gauge = series.queued
+        self._rejected = series.overloaded
 
     @property
     def queued(self) -> int:

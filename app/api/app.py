@@ -35,7 +35,8 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     router = Router.from_config(config, PoolLoads(pool, admissions))
     for engine in pool:
         limits = config.models[engine.id.model].limits_for(engine.id.method)
-        admissions[engine.id] = Admission(engine.id, limits, metrics, router.meter(engine.id.model))
+        series = metrics.admission(engine.id.model, engine.id.method)
+        admissions[engine.id] = Admission(engine.id, limits, series, router.meter(engine.id.model))
     shadows = Shadows(config, metrics, pool, admissions, router.observe)
     state = GatewayState(
         settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions, shadows=shadows
