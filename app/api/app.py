@@ -37,7 +37,8 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
         limits = config.models[engine.id.model].limits_for(engine.id.method)
         series = metrics.admission(engine.id.model, engine.id.method)
         admissions[engine.id] = Admission(engine.id, limits, series, router.meter(engine.id.model))
-    shadows = Shadows(config, metrics, pool, admissions, router.observe)
+    shadowed = {name: model.shadow for name, model in config.models.items() if model.shadow}
+    shadows = Shadows(shadowed, metrics.shadow, pool, admissions, router.observe)
     state = GatewayState(
         settings=settings, pool=pool, router=router, metrics=metrics, admissions=admissions, shadows=shadows
     )

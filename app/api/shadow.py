@@ -24,12 +24,12 @@ from typing import Any
 from app.api.admission import Admission
 from app.api.dispatch import dispatch
 from app.api.tracking import RequestTracker
-from app.config import ShadowConfig, SpecgateConfig
+from app.config import ShadowConfig
 from app.engines.base import ASGIMessage, ASGIScope, EngineError, EngineId
 from app.engines.clock import RequestClock
 from app.engines.pool import EnginePool, PoolEngine
 from app.engines.tap import RequestTap
-from app.metrics import GatewayMetrics
+from app.metrics import ShadowMetrics
 from app.record import RequestRecord, RouteDecision
 
 logger = logging.getLogger(__name__)
@@ -38,17 +38,17 @@ logger = logging.getLogger(__name__)
 class Shadows:
     def __init__(
         self,
-        config: SpecgateConfig,
-        metrics: GatewayMetrics,
+        configs: dict[str, ShadowConfig],
+        metrics: ShadowMetrics,
         pool: EnginePool,
         admissions: dict[EngineId, Admission],
         learn: Callable[[RequestRecord], None],
     ) -> None:
-        self._configs: dict[str, ShadowConfig] = {n: m.shadow for n, m in config.models.items() if m.shadow}
+        self._configs = configs  # model -> its shadow
         self._random = {name: random.Random(c.seed) for name, c in self._configs.items()}
         self._in_flight = dict.fromkeys(self._configs, 0)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._metrics = metrics.shadow
+        self._metrics = metrics
         self._pool, self._admissions, self._learn = pool, admissions, learn
         for name, shadow in self._configs.items():
             for reason in ("shadow_limit", "engine_busy", "engine_down"):
