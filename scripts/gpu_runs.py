@@ -420,6 +420,7 @@ def engines_run(out: Path, budget_s: float, only: set[str] | None, quick: bool) 
         wait_all(servers, began + budget_s * 0.55)
         summary["ready_s"] = {n: s.ready_s for n, s in servers.items()}
         summary["errors"] = {n: s.error for n, s in servers.items() if s.error}
+        summary["gpu_memory"] = gpu_memory()
         target = Path(read_config(Settings(config=None)).models[MODEL].target)
         checks = check_engines(servers, target)
         (out / "methods.json").write_text(json.dumps([asdict(c) for c in checks], indent=1))
@@ -448,6 +449,15 @@ def engines_run(out: Path, budget_s: float, only: set[str] | None, quick: bool) 
         (out / "startup.json").write_text(json.dumps(summary, indent=1))
         stop(list(servers.values()))
     return 0
+
+
+def gpu_memory() -> str | None:
+    """What every process holds on the GPU now (nvidia-smi), or None without one."""
+    query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def overhead_run(out: Path, extra: list[str]) -> int:
