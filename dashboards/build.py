@@ -4,10 +4,11 @@
     python dashboards/build.py          rewrite specgate-methods.json and specgate-overview.json
     python dashboards/build.py --check  exit 1 if the files on disk differ from what would be written
 
-Edit this file, never the JSON. The metrics are specified in docs/metrics.md, the
-recording rules used here (`specgate:...`) in deploy/prometheus/rules.yml. Every
-query uses only the variables $datasource, $model, $method and $__rate_interval.
-Stdlib only, so it runs with any Python >= 3.11.
+Edit this file (the boards) or grafana.py (the Grafana JSON and PromQL helpers), never
+the JSON. The metrics are specified in docs/metrics.md, the recording rules used here
+(`specgate:...`) in deploy/prometheus/rules.yml. Every query uses only the variables
+$datasource, $model, $method and $__rate_interval. Stdlib only, so it runs with any
+Python >= 3.11.
 """
 
 from __future__ import annotations
@@ -16,47 +17,54 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-Json = dict[str, Any]
 
 HERE = Path(__file__).resolve().parent
-SCHEMA_VERSION = 41
-GRID_WIDTH = 24
+# `python dashboards/build.py` puts dashboards/ on the path, not the repo: add the repo so
+# that the helpers import as `dashboards.grafana`, the name pytest and mypy know them by.
+sys.path.insert(0, str(HERE.parent))
 
-DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
-FILTER = 'model=~"$model", method=~"$method"'
-RATE_INTERVAL = "$__rate_interval"
+from dashboards.grafana import (  # noqa: E402
+    Column,
+    Json,
+    Layout,
+    aggregate,
+    dashboard,
+    histogram_mean,
+    histogram_quantile,
+    range_targets,
+    rate_sum,
+    selector,
+    stat,
+    table,
+    target,
+    thresholds,
+    timeseries,
+)
+
 ERROR = 'outcome="error"'
-
-MODEL_QUERY = "label_values(specgate_engine_info, model)"
-METHOD_QUERY = 'label_values(specgate_engine_info{model=~"$model"}, method)'
-
-
-# --------------------------------------------------------------------------- PromQL
-
-
-def selector(metric: str, extra: str = "") -> str:
-    """`metric{extra, model=~"$model", method=~"$method"}`."""
-    matchers = f"{extra}, {FILTER}" if extra else FILTER
-    return f"{metric}{{{matchers}}}"
+# Legends: the methods board shows one model, the overview every model.
+BY_METHOD = "{{method}}"
+BY_ENGINE = "{{model}}/{{method}}"
+# Red below 1, green from 1: a speed-up under the baseline, an engine down.
+RED_BELOW_ONE = thresholds(("red", None), ("green", 1))
 
 
-def rate_sum(metric: str, by: str = "model, method", extra: str = "") -> str:
-    """Per-second rate of a counter, summed by `by` (empty: over everything)."""
-    grouping = f" by ({by}) " if by else ""
-    return f"sum{grouping}(rate({selector(metric, extra)}[{RATE_INTERVAL}]))"
+# --------------------------------------------------------------------------- queries
 
 
-def histogram_mean(metric: str) -> str:
-    """Request-weighted mean of a histogram over the rate interval."""
-    return f"{rate_sum(metric + '_sum')} / {rate_sum(metric + '_count')}"
+def output_tokens_rate(by: str = "model, method") -> str:
+    return rate_sum("specgate_output_tokens_total", by=by)
 
 
-def histogram_quantile(q: float, metric: str) -> str:
-    return f"histogram_quantile({q}, {rate_sum(metric + '_bucket', by='model, method, le')})"
+def decode_rate_mean() -> str:
+    """Request-weighted mean of each request's decode tokens/s."""
+    return histogram_mean("specgate_request_decode_tokens_per_second")
+
+
+def speedup() -> str:
+    """The recording rule of deploy/prometheus/rules.yml: each method's decode speed over its baseline's."""
+    return selector("specgate:speedup_over_baseline:1m")
 
 
 def token_weighted_mal() -> str:
@@ -72,331 +80,37 @@ def error_rate() -> str:
     return f"{rate_sum('specgate_requests_total', extra=ERROR)} or {rate_sum('specgate_requests_total')} * 0"
 
 
-def recorded(rule: str) -> str:
-    return selector(rule)
+def error_ratio() -> str:
+    """Failed / finished requests over everything selected; `or vector(0)`: 0 before the first failure."""
+    return (
+        f"({rate_sum('specgate_requests_total', by='', extra=ERROR)} or vector(0))"
+        f" / {rate_sum('specgate_requests_total', by='')}"
+    )
 
 
 # --------------------------------------------------------------------------- panels
 
 
-def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, table: bool = False) -> Json:
-    t: Json = {
-        "datasource": DATASOURCE,
-        "editorMode": "code",
-        "expr": expr,
-        "instant": instant,
-        "legendFormat": legend or "__auto",
-        "range": not instant,
-        "refId": ref,
-    }
-    if table:
-        t["format"] = "table"
-    return t
+def percentile_targets(metric: str, *percentiles: int) -> list[Json]:
+    """One quantile of a histogram per percentile, legend `p50 <method>`."""
+    return range_targets(*((histogram_quantile(p / 100, metric), f"p{p} {BY_METHOD}") for p in percentiles))
 
 
-def thresholds(*steps: tuple[str, float | None]) -> Json:
-    return {"mode": "absolute", "steps": [{"color": color, "value": value} for color, value in steps]}
+def output_tokens_panel(title: str, description: str, legend: str) -> Json:
+    """On both boards; the overview's names the model too, as it shows every model."""
+    return timeseries(title, description, [target(output_tokens_rate(), legend)], "suffix: tok/s", min_=0)
 
 
-GREEN_ONLY = thresholds(("green", None))
-
-
-def field_defaults(
-    unit: str, *, decimals: int | None = None, min_: float | None = None, max_: float | None = None
-) -> Json:
-    defaults: Json = {"unit": unit, "color": {"mode": "palette-classic"}, "thresholds": GREEN_ONLY}
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    if min_ is not None:
-        defaults["min"] = min_
-    if max_ is not None:
-        defaults["max"] = max_
-    return defaults
-
-
-def timeseries(
-    title: str,
-    description: str,
-    targets: Sequence[Json],
-    unit: str,
-    *,
-    decimals: int | None = None,
-    min_: float | None = None,
-    max_: float | None = None,
-    threshold_line: float | None = None,
-    stacking: str = "none",
-) -> Json:
-    defaults = field_defaults(unit, decimals=decimals, min_=min_, max_=max_)
-    custom: Json = {
-        "drawStyle": "line",
-        "fillOpacity": 10,
-        "lineInterpolation": "linear",
-        "lineWidth": 1,
-        "pointSize": 4,
-        "showPoints": "never",
-        "spanNulls": False,
-        "stacking": {"group": "A", "mode": stacking},
-        "thresholdsStyle": {"mode": "off"},
-    }
-    if threshold_line is not None:
-        # A dashed line at the threshold (e.g. speed-up 1 = as fast as the baseline).
-        custom["thresholdsStyle"] = {"mode": "dashed"}
-        defaults["thresholds"] = thresholds(("red", None), ("green", threshold_line))
-    defaults["custom"] = custom
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "legend": {
-                "calcs": ["lastNotNull", "mean"],
-                "displayMode": "table",
-                "placement": "bottom",
-                "showLegend": True,
-            },
-            "tooltip": {"hideZeros": False, "mode": "multi", "sort": "desc"},
-        },
-        "targets": list(targets),
-    }
-
-
-def stat(
-    title: str,
-    description: str,
-    targets: Sequence[Json],
-    unit: str,
-    *,
-    decimals: int | None = None,
-    steps: Json = GREEN_ONLY,
-    mappings: Sequence[Json] = (),
-) -> Json:
-    defaults = field_defaults(unit, decimals=decimals)
-    defaults["color"] = {"mode": "thresholds"}
-    defaults["thresholds"] = steps
-    defaults["mappings"] = list(mappings)
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "colorMode": "value",
-            "graphMode": "area",
-            "justifyMode": "auto",
-            "orientation": "auto",
-            "percentChangeColorMode": "standard",
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "showPercentChange": False,
-            "textMode": "auto",
-            "wideLayout": True,
-        },
-        "targets": list(targets),
-    }
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str
-    expr: str
-    unit: str
-    decimals: int
-
-
-def table(title: str, description: str, columns: Sequence[Column]) -> Json:
-    """One row per (model, method); one instant query per value column, merged on the labels."""
-    refs = [chr(ord("A") + i) for i in range(len(columns))]
-    rename = {f"Value #{ref}": col.header for ref, col in zip(refs, columns, strict=True)}
-    order = {"model": 0, "method": 1} | {f"Value #{ref}": 2 + i for i, ref in enumerate(refs)}
-    overrides = [
-        {
-            "matcher": {"id": "byName", "options": col.header},
-            "properties": [{"id": "unit", "value": col.unit}, {"id": "decimals", "value": col.decimals}],
-        }
-        for col in columns
-    ]
-    defaults: Json = {
-        "color": {"mode": "thresholds"},
-        "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
-        "thresholds": GREEN_ONLY,
-        "unit": "none",
-    }
-    return {
-        "type": "table",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "fieldConfig": {"defaults": defaults, "overrides": overrides},
-        "options": {
-            "cellHeight": "sm",
-            "footer": {"countRows": False, "fields": "", "reducer": ["sum"], "show": False},
-            "showHeader": True,
-            "sortBy": [{"desc": False, "displayName": "model"}],
-        },
-        "targets": [
-            target(col.expr, ref=ref, instant=True, table=True) for ref, col in zip(refs, columns, strict=True)
-        ],
-        "transformations": [
-            {"id": "merge", "options": {}},
-            {
-                "id": "organize",
-                "options": {"excludeByName": {"Time": True}, "indexByName": order, "renameByName": rename},
-            },
-        ],
-    }
-
-
-@dataclass
-class Layout:
-    """Places panels left to right on Grafana's 24-column grid and numbers them."""
-
-    panels: list[Json] = field(default_factory=list)
-    x: int = 0
-    y: int = 0
-    line_height: int = 0
-
-    def _newline(self) -> None:
-        self.y += self.line_height
-        self.x = 0
-        self.line_height = 0
-
-    def row(self, title: str) -> None:
-        if self.x:
-            self._newline()
-        self.panels.append(
-            {
-                "type": "row",
-                "title": title,
-                "collapsed": False,
-                "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": self.y},
-                "id": len(self.panels) + 1,
-                "panels": [],
-            }
-        )
-        self.y += 1
-
-    def add(self, panel: Json, w: int = 12, h: int = 8) -> None:
-        if self.x + w > GRID_WIDTH:
-            self._newline()
-        panel = {"id": len(self.panels) + 1, "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y}} | panel
-        self.panels.append(panel)
-        self.x += w
-        self.line_height = max(self.line_height, h)
-
-
-# --------------------------------------------------------------------------- dashboards
-
-
-def datasource_variable() -> Json:
-    return {
-        "current": {},
-        "hide": 0,
-        "includeAll": False,
-        "label": "Data source",
-        "multi": False,
-        "name": "datasource",
-        "options": [],
-        "query": "prometheus",
-        "refresh": 1,
-        "regex": "",
-        "skipUrlSync": False,
-        "type": "datasource",
-    }
-
-
-def query_variable(name: str, label: str, query: str, *, multi: bool, include_all: bool) -> Json:
-    variable: Json = {
-        "current": {},
-        "datasource": DATASOURCE,
-        "definition": query,
-        "hide": 0,
-        "includeAll": include_all,
-        "label": label,
-        "multi": multi,
-        "name": name,
-        "options": [],
-        "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-        "refresh": 2,
-        "regex": "",
-        "skipUrlSync": False,
-        "sort": 1,
-        "type": "query",
-    }
-    if include_all:
-        # Matches values that appear after the page was loaded, too.
-        variable["allValue"] = ".*"
-    return variable
-
-
-def dashboard(uid: str, title: str, description: str, panels: list[Json], *, all_models: bool) -> Json:
-    return {
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                }
-            ]
-        },
-        "description": description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [
-            {
-                "asDropdown": False,
-                "icon": "external link",
-                "includeVars": True,
-                "keepTime": True,
-                "tags": ["specgate"],
-                "targetBlank": False,
-                "title": "specgate",
-                "tooltip": "",
-                "type": "dashboards",
-                "url": "",
-            }
-        ],
-        "panels": panels,
-        "refresh": "10s",
-        "schemaVersion": SCHEMA_VERSION,
-        "tags": ["specgate", "vllm", "speculative-decoding"],
-        "templating": {
-            "list": [
-                datasource_variable(),
-                query_variable("model", "Model", MODEL_QUERY, multi=all_models, include_all=all_models),
-                query_variable("method", "Method", METHOD_QUERY, multi=True, include_all=True),
-            ]
-        },
-        "time": {"from": "now-30m", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "title": title,
-        "uid": uid,
-        "version": 1,
-        "weekStart": "",
-    }
+# --------------------------------------------------------------------------- the boards
 
 
 def methods_dashboard() -> Json:
     board = Layout()
-    by_method = "{{method}}"
 
     board.row("Throughput and speed-up")
     board.add(
-        timeseries(
-            "Output tokens/s",
-            "Generated tokens per second of finished requests, per method.",
-            [target(rate_sum("specgate_output_tokens_total"), by_method)],
-            "suffix: tok/s",
-            min_=0,
+        output_tokens_panel(
+            "Output tokens/s", "Generated tokens per second of finished requests, per method.", BY_METHOD
         )
     )
     board.add(
@@ -405,7 +119,7 @@ def methods_dashboard() -> Json:
             "Mean per-request decode speed of each method divided by its model's baseline (the engine with "
             "speculative_method=none), over 1m (recording rule specgate:speedup_over_baseline:1m). "
             "Below the dashed line at 1 the method is slower than not speculating.",
-            [target(recorded("specgate:speedup_over_baseline:1m"), by_method)],
+            [target(speedup(), BY_METHOD)],
             "suffix:x",
             decimals=2,
             min_=0,
@@ -416,7 +130,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Decode tokens/s per request (mean)",
             "Request-weighted mean of (generated - 1) / decode time.",
-            [target(histogram_mean("specgate_request_decode_tokens_per_second"), by_method)],
+            [target(decode_rate_mean(), BY_METHOD)],
             "suffix: tok/s",
             min_=0,
         )
@@ -425,10 +139,10 @@ def methods_dashboard() -> Json:
         stat(
             "Speed-up now",
             "Latest speed-up over the baseline per method (1m window).",
-            [target(recorded("specgate:speedup_over_baseline:1m"), by_method)],
+            [target(speedup(), BY_METHOD)],
             "suffix:x",
             decimals=2,
-            steps=thresholds(("red", None), ("green", 1)),
+            steps=RED_BELOW_ONE,
         )
     )
 
@@ -437,10 +151,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Mean acceptance length p50 / p90 (request-weighted)",
             "Quantiles over requests of each request's mean acceptance length (bonus token included).",
-            [
-                target(histogram_quantile(0.5, "specgate_request_acceptance_length"), "p50 {{method}}", "A"),
-                target(histogram_quantile(0.9, "specgate_request_acceptance_length"), "p90 {{method}}", "B"),
-            ],
+            percentile_targets("specgate_request_acceptance_length", 50, 90),
             "none",
             decimals=2,
             min_=1,
@@ -450,7 +161,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Mean acceptance length (token-weighted)",
             "1 + accepted draft tokens / verification steps carrying drafts.",
-            [target(token_weighted_mal(), by_method)],
+            [target(token_weighted_mal(), BY_METHOD)],
             "none",
             decimals=2,
             min_=1,
@@ -460,7 +171,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Draft acceptance rate",
             "Accepted draft tokens / proposed draft tokens.",
-            [target(draft_acceptance_rate(), by_method)],
+            [target(draft_acceptance_rate(), BY_METHOD)],
             "percentunit",
             min_=0,
             max_=1,
@@ -489,10 +200,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Time to first token p50 / p99",
             "Quantiles over requests of the time to first token.",
-            [
-                target(histogram_quantile(0.5, "specgate_request_ttft_seconds"), "p50 {{method}}", "A"),
-                target(histogram_quantile(0.99, "specgate_request_ttft_seconds"), "p99 {{method}}", "B"),
-            ],
+            percentile_targets("specgate_request_ttft_seconds", 50, 99),
             "s",
             min_=0,
         )
@@ -501,14 +209,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Time per output token p50 / p99",
             "Quantiles over requests of decode time / (generated - 1): the mean inter-token latency of a request.",
-            [
-                target(
-                    histogram_quantile(0.5, "specgate_request_time_per_output_token_seconds"), "p50 {{method}}", "A"
-                ),
-                target(
-                    histogram_quantile(0.99, "specgate_request_time_per_output_token_seconds"), "p99 {{method}}", "B"
-                ),
-            ],
+            percentile_targets("specgate_request_time_per_output_token_seconds", 50, 99),
             "s",
             min_=0,
         )
@@ -528,7 +229,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "Errors/s",
             'Requests that ended with outcome="error" (engine failure mid-request), per second.',
-            [target(error_rate(), by_method)],
+            [target(error_rate(), BY_METHOD)],
             "reqps",
             min_=0,
         )
@@ -540,22 +241,12 @@ def methods_dashboard() -> Json:
             "Requests in flight / running / waiting / queued",
             "Admitted by the gateway and not finished; running and waiting in each engine's scheduler; "
             "queued at the gateway for a place (limits.max_queued).",
-            [
-                target(
-                    f"sum by (model, method) ({selector('specgate_requests_in_flight')})", "in flight {{method}}", "A"
-                ),
-                target(
-                    f"sum by (model, method) ({selector('specgate_engine_running_requests')})",
-                    "running {{method}}",
-                    "B",
-                ),
-                target(
-                    f"sum by (model, method) ({selector('specgate_engine_waiting_requests')})",
-                    "waiting {{method}}",
-                    "C",
-                ),
-                target(f"sum by (model, method) ({selector('specgate_requests_queued')})", "queued {{method}}", "D"),
-            ],
+            range_targets(
+                (aggregate("sum", selector("specgate_requests_in_flight")), "in flight {{method}}"),
+                (aggregate("sum", selector("specgate_engine_running_requests")), "running {{method}}"),
+                (aggregate("sum", selector("specgate_engine_waiting_requests")), "waiting {{method}}"),
+                (aggregate("sum", selector("specgate_requests_queued")), "queued {{method}}"),
+            ),
             "none",
             decimals=0,
             min_=0,
@@ -565,7 +256,7 @@ def methods_dashboard() -> Json:
         timeseries(
             "KV-cache usage",
             "Fraction of each engine's KV cache in use.",
-            [target(f"max by (model, method) ({selector('specgate_engine_kv_cache_usage_ratio')})", by_method)],
+            [target(aggregate("max", selector("specgate_engine_kv_cache_usage_ratio")), BY_METHOD)],
             "percentunit",
             min_=0,
             max_=1,
@@ -578,12 +269,7 @@ def methods_dashboard() -> Json:
             "Policy split: share of decisions per method",
             "Which method the `auto` and `ab` policies sent requests to, as a share of their decisions "
             "(docs/auto.md). Explicit `model:method` requests are not counted here.",
-            [
-                target(
-                    rate_sum("specgate_route_decisions_total", by="model, method", extra='policy=~"auto|ab"'),
-                    "{{method}}",
-                )
-            ],
+            [target(rate_sum("specgate_route_decisions_total", extra='policy=~"auto|ab"'), BY_METHOD)],
             "reqps",
             min_=0,
             stacking="percent",
@@ -604,14 +290,13 @@ def methods_dashboard() -> Json:
             "Shadow requests/s and drops/s",
             "Mirrored requests that finished, and mirrors dropped (shadow_limit, engine_busy, engine_down). "
             "Shadows never count in the other panels.",
-            [
-                target(rate_sum("specgate_shadow_requests_total"), "shadow {{method}}", "A"),
-                target(
+            range_targets(
+                (rate_sum("specgate_shadow_requests_total"), "shadow {{method}}"),
+                (
                     rate_sum("specgate_shadow_dropped_total", by="model, method, reason"),
                     "dropped {{method}} {{reason}}",
-                    "B",
                 ),
-            ],
+            ),
             "reqps",
             min_=0,
         )
@@ -620,10 +305,10 @@ def methods_dashboard() -> Json:
         timeseries(
             "Shadow vs primary decode tokens/s",
             "Request-weighted mean decode rate of each method's shadow requests next to its primary ones.",
-            [
-                target(histogram_mean("specgate_request_decode_tokens_per_second"), "primary {{method}}", "A"),
-                target(histogram_mean("specgate_shadow_request_decode_tokens_per_second"), "shadow {{method}}", "B"),
-            ],
+            range_targets(
+                (decode_rate_mean(), "primary {{method}}"),
+                (histogram_mean("specgate_shadow_request_decode_tokens_per_second"), "shadow {{method}}"),
+            ),
             "suffix: tok/s",
             min_=0,
         )
@@ -641,7 +326,6 @@ def methods_dashboard() -> Json:
 
 def overview_dashboard() -> Json:
     board = Layout()
-    engine = "{{model}}/{{method}}"
 
     board.add(
         stat(
@@ -658,7 +342,7 @@ def overview_dashboard() -> Json:
         stat(
             "Output tokens/s",
             "Generated tokens per second of finished requests.",
-            [target(rate_sum("specgate_output_tokens_total", by=""))],
+            [target(output_tokens_rate(by=""))],
             "suffix: tok/s",
             decimals=1,
         ),
@@ -669,10 +353,10 @@ def overview_dashboard() -> Json:
         stat(
             "Engines up",
             "Engines running, of all engines.",
-            [
-                target(f"sum({selector('specgate_engine_up')})", "up", "A"),
-                target(f"count({selector('specgate_engine_up')})", "engines", "B"),
-            ],
+            range_targets(
+                (aggregate("sum", selector("specgate_engine_up"), by=""), "up"),
+                (aggregate("count", selector("specgate_engine_up"), by=""), "engines"),
+            ),
             "none",
             decimals=0,
         ),
@@ -683,12 +367,7 @@ def overview_dashboard() -> Json:
         stat(
             "Error ratio",
             'Share of finished requests with outcome="error".',
-            [
-                target(
-                    f"({rate_sum('specgate_requests_total', by='', extra=ERROR)} or vector(0))"
-                    f" / {rate_sum('specgate_requests_total', by='')}"
-                )
-            ],
+            [target(error_ratio())],
             "percentunit",
             decimals=2,
             steps=thresholds(("green", None), ("orange", 0.01), ("red", 0.05)),
@@ -700,9 +379,9 @@ def overview_dashboard() -> Json:
         stat(
             "Engine status",
             "specgate_engine_up per engine.",
-            [target(f"max by (model, method) ({selector('specgate_engine_up')})", engine)],
+            [target(aggregate("max", selector("specgate_engine_up")), BY_ENGINE)],
             "none",
-            steps=thresholds(("red", None), ("green", 1)),
+            steps=RED_BELOW_ONE,
             mappings=[
                 {
                     "options": {
@@ -723,10 +402,10 @@ def overview_dashboard() -> Json:
             "acceptance length (empty for a baseline: it has no drafts), output tokens/s and the 1m speed-up "
             "over the model's baseline.",
             [
-                Column("decode tok/s (mean)", histogram_mean("specgate_request_decode_tokens_per_second"), "none", 1),
+                Column("decode tok/s (mean)", decode_rate_mean(), "none", 1),
                 Column("MAL (token-weighted)", token_weighted_mal(), "none", 2),
-                Column("output tok/s", rate_sum("specgate_output_tokens_total"), "none", 1),
-                Column("speed-up (1m)", recorded("specgate:speedup_over_baseline:1m"), "none", 2),
+                Column("output tok/s", output_tokens_rate(), "none", 1),
+                Column("speed-up (1m)", speedup(), "none", 2),
             ],
         ),
         w=24,
@@ -736,19 +415,13 @@ def overview_dashboard() -> Json:
         timeseries(
             "Requests/s by method",
             "Finished requests per second.",
-            [target(rate_sum("specgate_requests_total"), engine)],
+            [target(rate_sum("specgate_requests_total"), BY_ENGINE)],
             "reqps",
             min_=0,
         )
     )
     board.add(
-        timeseries(
-            "Output tokens/s by method",
-            "Generated tokens per second of finished requests.",
-            [target(rate_sum("specgate_output_tokens_total"), engine)],
-            "suffix: tok/s",
-            min_=0,
-        )
+        output_tokens_panel("Output tokens/s by method", "Generated tokens per second of finished requests.", BY_ENGINE)
     )
 
     return dashboard(
@@ -758,6 +431,9 @@ def overview_dashboard() -> Json:
         board.panels,
         all_models=True,
     )
+
+
+# --------------------------------------------------------------------------- files
 
 
 def render() -> dict[Path, str]:
