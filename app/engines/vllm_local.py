@@ -79,6 +79,9 @@ class LocalVLLMEngine:
         self._llm: AsyncLLM | None = None
         self._args: Namespace | None = None
         self._serving: FastAPI | None = None
+        # Set once start() has finished (serving layer built, warm-up answered): /ready and
+        # the stats say "up" only then, not as soon as AsyncLLM exists mid-(re)start.
+        self._started = False
         self._snapshot = SchedulerSnapshot()
         self.restarts = 0
         self._wanted = False
@@ -117,6 +120,7 @@ class LocalVLLMEngine:
         assert self._args is not None
         self._serving = await build_serving_app(TappedEngineClient(self.llm), self._args)
         await self.warm_up()
+        self._started = True
 
     def _start_blocking(self) -> None:
         if self._vllm_config is None:
@@ -147,6 +151,7 @@ class LocalVLLMEngine:
         self.shutdown()
 
     def shutdown(self) -> None:
+        self._started = False
         if self._llm is not None:
             logger.info("stopping engine %s", self.id)
             self._llm.shutdown()
@@ -166,7 +171,11 @@ class LocalVLLMEngine:
         await self._serving(scope, receive, send)
 
     async def health(self) -> bool:
-        return self._llm is not None and not self._llm.errored
+        return self._up
+
+    @property
+    def _up(self) -> bool:
+        return self._started and self._llm is not None and not self._llm.errored
 
     @property
     def dead(self) -> bool:
@@ -182,7 +191,7 @@ class LocalVLLMEngine:
     def stats(self) -> EngineStats:
         llm = self._llm
         return EngineStats(
-            up=llm is not None and not llm.errored,
+            up=self._up,
             unfinished_requests=llm.get_num_unfinished_requests() if llm else 0,
             running_requests=self._snapshot.running,
             waiting_requests=self._snapshot.waiting,
