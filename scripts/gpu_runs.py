@@ -51,6 +51,7 @@ from app.cli import read_config  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.drafters.common import probe_accepts, probe_token  # noqa: E402
 from app.engines.vllm_command import VLLM_SERVE, serve_args  # noqa: E402
+from scripts.overhead import bench_argv  # noqa: E402
 
 MODEL = "smollm2"
 GiB = 2**30
@@ -333,10 +334,8 @@ def speedup(url: str, out: Path, timeout_s: float, quick: bool) -> None:
 
 
 def bench_client(url: str, model: str, tokenizer: str, concurrency: int, prompts: int) -> subprocess.Popen[str]:
-    args = ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer]
-    args += ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128"]
-    args += ["--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--ignore-eos"]
-    args += ["--seed", "0", "--disable-tqdm", "--temperature", "0"]
+    """One bench client process (several at once must not share one Python process)."""
+    args = bench_argv(url, model, tokenizer, concurrency, prompts, input_len=128, output_len=128)
     return subprocess.Popen([sys.executable, "-c", BENCH, *args], stdout=subprocess.PIPE, text=True)
 
 

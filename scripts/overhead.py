@@ -66,6 +66,18 @@ def one_engine_config(method: str, engine: dict[str, Any] | None = None) -> tupl
     return config, raw
 
 
+def bench_argv(
+    url: str, model: str, tokenizer: str, concurrency: int, prompts: int, input_len: int, output_len: int
+) -> list[str]:
+    """`vllm bench serve`'s arguments for one closed-loop run of random prompts, greedy, `ignore_eos`."""
+    return [
+        *("--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer),
+        *("--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len)),
+        *("--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--ignore-eos"),
+        *("--seed", "0", "--disable-tqdm", "--temperature", "0"),
+    ]
+
+
 def bench(
     url: str, model: str, tokenizer: str, concurrency: int, prompts: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -78,32 +90,7 @@ def bench(
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    argv = [
-        "--backend",
-        "vllm",
-        "--base-url",
-        url,
-        "--model",
-        model,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--num-prompts",
-        str(prompts),
-        "--max-concurrency",
-        str(concurrency),
-        "--ignore-eos",
-        "--seed",
-        "0",
-        "--disable-tqdm",
-        "--temperature",
-        "0",
-    ]
+    argv = bench_argv(url, model, tokenizer, concurrency, prompts, args.input_len, args.output_len)
     with (args.out / "bench.log").open("a") as log, contextlib.redirect_stdout(log):
         result = bench_main(parser.parse_args(argv))
     return {k: result[k] for k in KEEP if k in result}
