@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
         if name == "serve":
             cmd.add_argument("--host", help="bind address (default 127.0.0.1)")
             cmd.add_argument("--port", type=int, help="port (default 8000)")
+            cmd.add_argument(
+                "--api-processes",
+                type=int,
+                help="API processes over the same engines, as `vllm serve --api-server-count` (default 1)",
+            )
         if name == "tune":
             add_tune_args(cmd)
         if name == "vllm-command":
@@ -58,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> Settings:
     flags = {
         key: getattr(args, key)
-        for key in ("host", "port", "config", "cache_dir", "log_level")
+        for key in ("host", "port", "config", "cache_dir", "log_level", "api_processes")
         if getattr(args, key, None) is not None
     }
     return Settings(**flags)  # flags win over SPECGATE_* variables
@@ -77,6 +82,12 @@ def read_config(settings: Settings) -> SpecgateConfig:
 
 
 def _serve(settings: Settings, config: SpecgateConfig) -> int:
+    processes = settings.api_processes or config.server.api_processes
+    if processes > 1:
+        from app.frontends import serve_processes
+
+        return serve_processes(settings, config, processes)
+
     from app.api.app import build_app
     from app.server import run
 

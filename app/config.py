@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     )
     metrics_require_key: bool = Field(default=False, description="/metrics on the API port needs an API key.")
     cors_origins: str | None = Field(default=None, description="Comma-separated origins allowed by CORS; off if unset.")
+    api_processes: int | None = Field(
+        default=None, ge=1, description="API processes over the same engines (default: the config's server block, 1)."
+    )
 
     def keys(self, scope: str) -> frozenset[str]:
         """The keys of a scope ("api" or "admin"): the variable's list plus the file's lines."""
@@ -161,6 +164,18 @@ class Limits(_Strict):
 
     def merged(self, override: Limits) -> Limits:
         return Limits(**{**self.model_dump(exclude_unset=True), **override.model_dump(exclude_unset=True)})
+
+    def shared_by(self, processes: int) -> Limits:
+        """One API process's share when `processes` serve the engine: the host's limits
+        divided, rounded down (at least one place each), so all together admit no more."""
+        if processes == 1:
+            return self
+        return self.model_copy(
+            update={
+                "max_in_flight": max(1, self.max_in_flight // processes),
+                "max_queued": self.max_queued // processes,
+            }
+        )
 
 
 class UpstreamSettings(_Strict):
@@ -381,10 +396,21 @@ class ModelConfig(_Strict):
         return self.limits.merged(self.methods[method].limits)
 
 
+class ServerConfig(_Strict):
+    """The gateway process itself (a flag or SPECGATE_* variable overrides each field)."""
+
+    api_processes: int = Field(
+        default=1,
+        ge=1,
+        description="API processes that serve the whole API over the same engines (`vllm serve --api-server-count`).",
+    )
+
+
 class SpecgateConfig(_Strict):
-    """The whole file: the served models by name."""
+    """The whole file: the served models by name, and the server's own settings."""
 
     models: dict[str, ModelConfig] = Field(min_length=1)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @field_validator("models")
     @classmethod

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from app.record import RequestRecord, Timing
@@ -48,11 +50,18 @@ class AdmissionSeries:
 
 
 class GatewayMetrics:
-    """Every series specgate exports, in its own registry, fed by `RequestRecord`s."""
+    """Every series specgate exports, in its own registry, fed by `RequestRecord`s.
+
+    With several API processes (app/frontends.py) prometheus_client runs in its
+    multiprocess mode, as vLLM's own API servers do: every process writes its
+    counters, histograms and gauges to files in PROMETHEUS_MULTIPROC_DIR, and /metrics,
+    whichever process answers it, sums them all (each gauge says how: `livesum`,
+    the processes alive). The engine collector's gauges are that process's view."""
 
     def __init__(self) -> None:
         self.child = Children()
         self.registry = CollectorRegistry(auto_describe=True)
+        self._collectors: list[Collector] = []
         reg, lab = self.registry, LABELS
         self.requests = Counter("specgate_requests", "Finished requests by outcome.", (*lab, "outcome"), registry=reg)
         self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens.", lab, registry=reg)
@@ -103,9 +112,19 @@ class GatewayMetrics:
         self.output_length = Histogram(
             "specgate_request_output_tokens", "Generated tokens per request.", lab, buckets=TOKEN_BUCKETS, registry=reg
         )
-        self.in_flight = Gauge("specgate_requests_in_flight", "Requests admitted and not finished.", lab, registry=reg)
+        self.in_flight = Gauge(
+            "specgate_requests_in_flight",
+            "Requests admitted and not finished.",
+            lab,
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
         self.queued = Gauge(
-            "specgate_requests_queued", "Requests waiting at the gateway for a place.", lab, registry=reg
+            "specgate_requests_queued",
+            "Requests waiting at the gateway for a place.",
+            lab,
+            registry=reg,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "specgate_requests_rejected", "Requests refused before reaching an engine.", (*lab, "reason"), registry=reg
@@ -178,9 +197,22 @@ class GatewayMetrics:
 
     def register(self, collector: Collector) -> None:
         self.registry.register(collector)
+        self._collectors.append(collector)
+
+    def exposed(self) -> CollectorRegistry:
+        """What /metrics shows: this registry, or with several API processes every
+        process's series summed, plus this process's own collectors."""
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not directory:
+            return self.registry
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, directory)  # type: ignore[no-untyped-call]
+        for collector in self._collectors:
+            merged.register(collector)
+        return merged
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed())
 
 
 class ShadowMetrics:

@@ -62,10 +62,15 @@ STARTUP_FAILURE = 3  # uvicorn's exit status when the app did not start
 
 
 def run(app: FastAPI, host: str, port: int, log_level: str) -> None:
+    serve_on(app, bind(host, port), log_level)
+
+
+def serve_on(app: FastAPI, sock: socket.socket, log_level: str) -> None:
+    """Serve on a socket bound already (by this process, or by the supervisor of
+    several API processes, which all accept on it)."""
     # After the drain, what is still open gets a few seconds before it is cut.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
     server = GatewayServer(config, app)
-    sock = bind(host, port)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the shutdown has run already, as with uvicorn.run
         server.run(sockets=[sock])
     if not server.started:

@@ -192,9 +192,16 @@ def start_all(out: Path, groups: dict[str, dict[str, Any]]) -> dict[str, Started
         except RuntimeError as error:  # exited before it listened: vLLM refused the config
             servers[group] = Started(group, ServerProcess(subprocess.Popen(["true"]), 0, log, group), time.monotonic())
             servers[group].failed(error)
-    for method in SERVED if "served" in groups else ():
-        config_file = out / "served.yaml"
-        model = read_config(Settings(config=config_file)).models[MODEL]
+    if "served" in groups:
+        servers.update(start_vllm_serves(out, out / "served.yaml"))
+    return servers
+
+
+def start_vllm_serves(out: Path, config_file: Path) -> dict[str, Started]:
+    """One `vllm serve` per served engine of `config_file`, from `specgate vllm-command`'s line."""
+    servers = {}
+    model = read_config(Settings(config=config_file)).models[MODEL]
+    for method in SERVED:
         port = free_port()
         line = [*VLLM_SERVE, "--model", *serve_args(MODEL, model, method), "--host", "127.0.0.1", "--port", str(port)]
         (out / f"vllm-serve-{method}.cmd").write_text(" ".join(line) + "\n")
@@ -450,6 +457,59 @@ def engines_run(out: Path, budget_s: float, only: set[str] | None, quick: bool) 
     return 0
 
 
+def api_processes(gateway: ServerProcess, count: int, timeout_s: float = 600) -> dict[str, int]:
+    """The supervisor and its API processes (every child that is not an EngineCore),
+    once each has said its engines are up."""
+    lines = [f"API process {i} of {count}: engines up" for i in range(count)]
+    deadline = time.monotonic() + timeout_s
+    while count > 1 and not all(line in gateway.log() for line in lines):
+        if time.monotonic() > deadline or gateway.proc.poll() is not None:
+            raise RuntimeError(f"not every API process came up:\n{gateway.log()[-2000:]}")
+        time.sleep(1)
+    pids = {"supervisor" if count > 1 else "specgate": gateway.proc.pid}
+    children = psutil.Process(gateway.proc.pid).children()
+    front = [c for c in children if "EngineCore" not in c.name() + " ".join(c.cmdline())]
+    pids.update({f"api-{i}": c.pid for i, c in enumerate(sorted(front, key=lambda c: c.create_time()))})
+    return pids
+
+
+def scale_run(out: Path, counts: list[int], quick: bool) -> int:
+    """Three engines at once through one gateway with N API processes, for each N,
+    then through three `vllm serve` (issue 20: front-end scale-out)."""
+    out.mkdir(parents=True, exist_ok=True)
+    models = group_configs(quick)["served"]
+    tokenizer = str(models[MODEL]["target"])
+    clients = 2 if quick else SATURATION_C
+    runs = []
+    for count in counts:
+        config = out / f"served-{count}.yaml"
+        config.write_text(yaml.safe_dump({"models": models, "server": {"api_processes": count}}, sort_keys=False))
+        gateway = Started(f"specgate-{count}", start_gateway(out / f"specgate-{count}.log", config), time.monotonic())
+        try:
+            wait_all({gateway.name: gateway}, time.monotonic() + 600)
+            if gateway.error is not None:
+                continue
+            pids = api_processes(gateway.server, count)
+            targets = [(gateway.server.url, f"{MODEL}:{m}") for m in SERVED]
+            front = f"specgate, {count} API process{'es' if count > 1 else ''}"
+            runs.append(saturate(front, targets, pids, tokenizer, clients))
+            print(saturation_table(runs[-1:]), flush=True)
+        finally:
+            stop([gateway])
+    servers = start_vllm_serves(out, out / f"served-{counts[0]}.yaml")
+    try:
+        wait_all(servers, time.monotonic() + 600)
+        if all(s.error is None for s in servers.values()):
+            pids = {name: s.server.proc.pid for name, s in servers.items()}
+            targets = [(servers[f"vllm-serve-{m}"].server.url, MODEL) for m in SERVED]
+            runs.append(saturate("vllm serve (3 processes)", targets, pids, tokenizer, clients))
+    finally:
+        stop(list(servers.values()))
+    (out / "scale.json").write_text(json.dumps(runs, indent=1))
+    print(saturation_table(runs), flush=True)
+    return 0
+
+
 def gpu_memory() -> str | None:
     """What every process holds on the GPU now (nvidia-smi), or None without one."""
     query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
@@ -572,6 +632,10 @@ def main() -> int:
     eng.add_argument("--budget-s", type=float, default=540, help="stop starting new steps after this long")
     eng.add_argument("--groups", help="only these gateway groups (include the baselines': eagle3, mtp, served)")
     eng.add_argument("--quick", action="store_true", help="a smoke run on a CPU machine: tiny loads")
+    scale = sub.add_parser("scale", help="three engines through N API processes, and through three vllm serve")
+    scale.add_argument("--out", type=Path, required=True)
+    scale.add_argument("--api-processes", default="1,2,4", help="the values of N, comma-separated")
+    scale.add_argument("--quick", action="store_true", help="a smoke run on a CPU machine: tiny loads")
     tab = sub.add_parser("tables", help="print every table from a run's folder")
     tab.add_argument("root", type=Path)
     args, extra = parser.parse_known_args()
@@ -581,6 +645,8 @@ def main() -> int:
     if args.run == "engines":
         only = set(args.groups.split(",")) if args.groups else None
         return engines_run(args.out, args.budget_s, only, args.quick)
+    if args.run == "scale":
+        return scale_run(args.out, [int(n) for n in args.api_processes.split(",")], args.quick)
     return tables(args.root)
 
 

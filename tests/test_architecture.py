@@ -19,6 +19,7 @@ ALLOWED = {
     "embedded": {"config", "drafters"},
     "bench": {"config", "record", "server"},
     "server": {"api"},
+    "frontends": {"api", "config", "engines", "server"},
 }
 
 

@@ -3,6 +3,7 @@ around the routes, the body-size limit, keys and CORS (app/api/security.py)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from wsgiref.simple_server import WSGIServer
@@ -20,13 +21,18 @@ from app.api.state import GatewayState, PoolLoads
 from app.config import Settings, SpecgateConfig
 from app.engines.base import EngineId
 from app.engines.collector import EngineCollector
+from app.engines.core_links import CoreLinks
 from app.engines.pool import EnginePool
 from app.metrics import GatewayMetrics
 from app.routing import Router
 
+logger = logging.getLogger("specgate")
 
-def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
-    pool = EnginePool(config)
+
+def build_app(config: SpecgateConfig, settings: Settings, links: CoreLinks | None = None) -> FastAPI:
+    """`links`: this is one API process of several (app/frontends.py), over the supervisor's engine cores."""
+    pool = EnginePool(config, links)
+    processes = links.count if links is not None else 1
     metrics = GatewayMetrics()
     metrics.register(EngineCollector(pool))
     for engine in pool:
@@ -34,7 +40,8 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
     admissions: dict[EngineId, Admission] = {}
     router = Router.from_config(config, PoolLoads(pool, admissions))
     for engine in pool:
-        limits = config.models[engine.id.model].limits_for(engine.id.method)
+        # Each of several API processes admits its share: together they hold the host's limits.
+        limits = config.models[engine.id.model].limits_for(engine.id.method).shared_by(processes)
         series = metrics.admission(engine.id.model, engine.id.method)
         admissions[engine.id] = Admission(engine.id, limits, series, router.meter(engine.id.model))
     shadowed = {name: model.shadow for name, model in config.models.items() if model.shadow}
@@ -45,7 +52,11 @@ def build_app(config: SpecgateConfig, settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if links is not None:
+            links.listen()
         await state.pool.start()
+        if links is not None:
+            logger.info("API process %d of %d: engines up", links.index, links.count)
         metrics_server = _start_metrics_server(state)
         try:
             yield
@@ -73,7 +84,7 @@ def _start_metrics_server(state: GatewayState) -> WSGIServer | None:
     port = state.settings.metrics_port
     if port is None:
         return None
-    server, _ = start_http_server(port, addr=state.settings.host, registry=state.metrics.registry)
+    server, _ = start_http_server(port, addr=state.settings.host, registry=state.metrics.exposed())
     return server
 
 

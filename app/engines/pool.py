@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from app.config import BASELINE_METHOD, ModelConfig, SpecgateConfig
 from app.engines.base import Engine, EngineId
+from app.engines.core_links import CoreLinks
 from app.engines.remote import RemoteVLLMEngine
 from app.engines.vllm_local import LocalVLLMEngine
 
@@ -27,21 +28,23 @@ MAX_RESTART_BACKOFF_S = 60.0
 PoolEngine = LocalVLLMEngine | RemoteVLLMEngine
 
 
-def make_engine(engine_id: EngineId, model: ModelConfig) -> PoolEngine:
+def make_engine(engine_id: EngineId, model: ModelConfig, links: CoreLinks | None = None) -> PoolEngine:
     if model.methods[engine_id.method].remote:
         return RemoteVLLMEngine(engine_id, model)
-    return LocalVLLMEngine(engine_id, model)
+    return LocalVLLMEngine(engine_id, model, links)
 
 
 class EnginePool:
-    def __init__(self, config: SpecgateConfig) -> None:
+    """`links`: in one API process of several, the supervisor's engine cores (app/frontends.py)."""
+
+    def __init__(self, config: SpecgateConfig, links: CoreLinks | None = None) -> None:
         self.config = config
         self._engines: dict[EngineId, PoolEngine] = {}
         self._watchers: list[asyncio.Task[None]] = []
         for model_name, model in config.models.items():
             for method in model.methods:
                 engine_id = EngineId(model_name, method)
-                self._engines[engine_id] = make_engine(engine_id, model)
+                self._engines[engine_id] = make_engine(engine_id, model, links)
 
     def __iter__(self) -> Iterator[PoolEngine]:
         return iter(self._engines.values())

@@ -36,6 +36,7 @@ from app.engines.base import (
     EngineStats,
     EngineUnavailableError,
 )
+from app.engines.core_links import CoreLinks
 from app.engines.tap import TappedEngineClient
 from app.engines.vllm_serving import build_serving_app, serving_args
 from app.engines.vllm_stats import (
@@ -71,10 +72,36 @@ def build_engine_args(engine_id: EngineId, model: ModelConfig) -> AsyncEngineArg
         raise EngineConfigError(f"engine {engine_id}: {exc}") from None
 
 
+def engine_config(engine_id: EngineId, model: ModelConfig, api_processes: int = 1, api_rank: int = 0) -> VllmConfig:
+    """vLLM's validated config of the engine. With several API processes, the same
+    process count and rank `vllm serve --api-server-count` gives its supervisor (-1)
+    and each API server."""
+    # Before vLLM loads its plugins (building the config does): specgate's vLLM plugin
+    # acts in this process and the engine processes it starts, which inherit it.
+    os.environ[vllm_plugin.ACTIVE] = "1"
+    args = build_engine_args(engine_id, model)
+    args._api_process_count, args._api_process_rank = api_processes, api_rank
+    try:
+        # A gateway is an API server: vLLM then sizes its batch limits as `vllm serve` does
+        # (on a large GPU 1024 sequences / 16384 tokens instead of the library's 128 / 2048).
+        config: VllmConfig = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+    except ValidationError as exc:
+        detail = describe_validation_error(exc, f"engine {engine_id}")
+        raise EngineConfigError(f"vLLM rejected the configuration of {detail}") from None
+    except (ValueError, TypeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EngineConfigError(f"vLLM rejected the configuration of engine {engine_id}: {first}") from None
+    return config
+
+
 class LocalVLLMEngine:
-    def __init__(self, engine_id: EngineId, model: ModelConfig) -> None:
+    def __init__(self, engine_id: EngineId, model: ModelConfig, links: CoreLinks | None = None) -> None:
         self.id = engine_id
         self._model = model
+        # Set in an API process of several: the EngineCore is the supervisor's, this is one client of it.
+        self._links = links
+        if links is not None:
+            links.on_died(engine_id, self._core_died)
         self._vllm_config: VllmConfig | None = None
         self._llm: AsyncLLM | None = None
         self._args: Namespace | None = None
@@ -91,21 +118,10 @@ class LocalVLLMEngine:
         """Let vLLM validate the whole configuration before any engine starts."""
         if self._vllm_config is not None:
             return
-        # Before vLLM loads its plugins (building the config does): specgate's vLLM plugin
-        # acts in this process and the engine processes it starts, which inherit it.
-        os.environ[vllm_plugin.ACTIVE] = "1"
         self._args = serving_args(self.id, self._model)
-        args = build_engine_args(self.id, self._model)
-        try:
-            # A gateway is an API server: vLLM then sizes its batch limits as `vllm serve` does
-            # (on a large GPU 1024 sequences / 16384 tokens instead of the library's 128 / 2048).
-            self._vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-        except ValidationError as exc:
-            detail = describe_validation_error(exc, f"engine {self.id}")
-            raise EngineConfigError(f"vLLM rejected the configuration of {detail}") from None
-        except (ValueError, TypeError, OSError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise EngineConfigError(f"vLLM rejected the configuration of engine {self.id}: {first}") from None
+        links = self._links
+        rank = (links.count, links.index) if links is not None else (1, 0)
+        self._vllm_config = engine_config(self.id, self._model, *rank)
         spec = self._vllm_config.speculative_config
         self.info = replace(
             self.info,
@@ -131,12 +147,17 @@ class LocalVLLMEngine:
         def snapshot_logger(config: VllmConfig, index: int) -> SnapshotStatLogger:
             return SnapshotStatLogger(config, index, snapshot)
 
-        logger.info("starting engine %s", self.id)
+        client: dict[str, Any] = {}
+        if self._links is not None:
+            links = self._links
+            client = {"client_addresses": links.take(self.id), "client_count": links.count, "client_index": links.index}
+        logger.info("starting engine %s%s", self.id, " (a client of its core)" if client else "")
         self._llm = AsyncLLM.from_vllm_config(
             self._vllm_config,
             stat_loggers=[SilentPrometheusStatLogger, snapshot_logger],
             disable_log_stats=False,
             usage_context=UsageContext.OPENAI_API_SERVER,
+            **client,
         )
 
     async def warm_up(self) -> None:
@@ -183,10 +204,21 @@ class LocalVLLMEngine:
         return self._wanted and (self._llm is None or self._llm.errored)
 
     async def restart(self) -> None:
-        """Clean up what is left of a dead engine and start it again; raises if the start fails."""
+        """Clean up what is left of a dead engine and start it again; raises if the start fails.
+        A client of the supervisor's core waits for the supervisor to start the core again."""
         self.restarts += 1
         self.shutdown()
+        if self._links is not None:
+            await self._links.wait_for_core(self.id)
         await self.start()
+
+    def _core_died(self) -> None:
+        """The supervisor saw this engine's core die: what vLLM's own monitor does for a
+        core it owns, so that every request waiting on it ends with EngineDeadError now."""
+        llm = self._llm
+        if llm is not None and not llm.engine_core.resources.engine_dead:
+            llm.engine_core.resources.engine_dead = True
+            llm.engine_core.shutdown()
 
     def stats(self) -> EngineStats:
         llm = self._llm
