@@ -468,7 +468,7 @@ def api_processes(gateway: ServerProcess, count: int, timeout_s: float = 600) ->
         time.sleep(1)
     pids = {"supervisor" if count > 1 else "specgate": gateway.proc.pid}
     children = psutil.Process(gateway.proc.pid).children()
-    front = [c for c in children if "EngineCore" not in c.name() + " ".join(c.cmdline())]
+    front = [c for c in children if "spawn_main" in " ".join(c.cmdline())]  # not the cores, not the resource tracker
     pids.update({f"api-{i}": c.pid for i, c in enumerate(sorted(front, key=lambda c: c.create_time()))})
     return pids
 
@@ -478,7 +478,7 @@ def scale_run(out: Path, counts: list[int], quick: bool) -> int:
     then through three `vllm serve` (issue 20: front-end scale-out)."""
     out.mkdir(parents=True, exist_ok=True)
     models = group_configs(quick)["served"]
-    tokenizer = str(models[MODEL]["target"])
+    tokenizer = read_config(Settings(config=None)).models[MODEL].target  # the embedded model's folder
     clients = 2 if quick else SATURATION_C
     runs = []
     for count in counts:
