@@ -42,11 +42,9 @@ from typing import Any
 from app.config import Settings, SpecgateConfig
 from app.engines.base import EngineId
 from app.engines.core_links import CORE, DIED, CoreLinks
+from app.engines.pool import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 
 logger = logging.getLogger("specgate.frontends")
-
-RESTART_BACKOFF_S = 1.0
-MAX_RESTART_BACKOFF_S = 60.0
 
 
 @dataclass
@@ -116,7 +114,6 @@ def run_api_process(
     from app.server import serve_on
 
     logging.basicConfig(level=settings.log_level.upper(), format=f"%(levelname)s %(name)s [api {index}]: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     app = build_app(config, settings, CoreLinks(index, count, clients, supervisor))
     app.state.gateway.pool.prepare()
     serve_on(app, sock, settings.log_level.lower())

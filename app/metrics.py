@@ -62,6 +62,7 @@ class GatewayMetrics:
         self.child = Children()
         self.registry = CollectorRegistry(auto_describe=True)
         self._collectors: list[Collector] = []
+        self._merged: CollectorRegistry | None = None  # built at the first scrape, several API processes only
         reg, lab = self.registry, LABELS
         self.requests = Counter("specgate_requests", "Finished requests by outcome.", (*lab, "outcome"), registry=reg)
         self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens.", lab, registry=reg)
@@ -205,11 +206,12 @@ class GatewayMetrics:
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if not directory:
             return self.registry
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged, directory)  # type: ignore[no-untyped-call]
-        for collector in self._collectors:
-            merged.register(collector)
-        return merged
+        if self._merged is None:  # the files are read at each collect: one registry serves every scrape
+            self._merged = CollectorRegistry()
+            MultiProcessCollector(self._merged, directory)  # type: ignore[no-untyped-call]
+            for collector in self._collectors:
+                self._merged.register(collector)
+        return self._merged
 
     def exposition(self) -> bytes:
         return generate_latest(self.exposed())
