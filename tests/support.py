@@ -4,6 +4,7 @@ its children, the `/metrics` reader, and the CLI runner."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ __all__ = [
     "Samples",
     "descendants",
     "embedded_model",
+    "engine_core",
     "free_port",
     "http_client",
     "run_cli",
@@ -85,6 +87,22 @@ def descendants(gateway: GatewayProcess) -> list[psutil.Process]:
         return psutil.Process(gateway.proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+# The line each EngineCore writes as it starts: its pid and its speculative method (None: none).
+CORE_START = re.compile(
+    r"\(EngineCore pid=(\d+)\).*Initializing a V1 LLM engine.*?"
+    r"speculative_config=(?:None|SpeculativeConfig\(method='(\w+)')"
+)
+
+
+def engine_core(gateway: GatewayProcess, method: str | None) -> psutil.Process:
+    """The EngineCore that runs vLLM's speculative `method` (None: the engine that does
+    not speculate), by the line it logged last as it started: the engines of a gateway
+    start together, so the order of their processes says nothing."""
+    pids = [int(pid) for pid, spec in CORE_START.findall(gateway.log()) if (spec or None) == method]
+    assert pids, f"no EngineCore with speculative method {method} in the gateway's log"
+    return psutil.Process(pids[-1])
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:

@@ -4,6 +4,7 @@ port in use fails it at once, before any engine starts."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -21,14 +22,14 @@ from tests.support import descendants, start_gateway
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
 
-def one_engine_config(tmp_path: Path, **engine: Any) -> Path:
-    settings = {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456, "enforce_eager": True, **engine}
+def one_engine_config(tmp_path: Path, methods: dict[str, Any] | None = None) -> Path:
+    settings = {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456, "enforce_eager": True}
     raw = {
         "models": {
             "tiny": {
                 "target": "embedded:smollm2",
                 "engine": settings,
-                "methods": {"none": {}},
+                "methods": methods or {"none": {}},
                 "default_method": "none",
             }
         }
@@ -53,17 +54,27 @@ def test_ctrl_c_stops_every_engine_process(tmp_path: Path) -> None:
 
 
 def test_engine_that_cannot_start_fails_startup(tmp_path: Path) -> None:
-    # A KV cache of 4 KiB cannot hold a single block: vLLM refuses to start.
-    gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path, kv_cache_memory_bytes=4096))
-    started = time.monotonic()
-    code = gw.proc.wait(timeout=600)
-    children = descendants(gw)
-    assert code != 0
-    assert time.monotonic() - started < 600
+    """Two engines start together; one cannot (a KV cache of 4 KiB holds no block, so
+    vLLM refuses it): start-up fails without a hang, and the other engine's processes,
+    started alongside, are stopped too."""
+    bad = {"engine": {"kv_cache_memory_bytes": 4096}}
+    gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path, {"none": {}, "broken": bad}))
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + 600
+    while gw.proc.poll() is None and time.monotonic() < deadline:
+        seen.update((p.pid, p) for p in descendants(gw))
+        time.sleep(0.5)
+    assert gw.proc.poll() is not None and gw.proc.returncode != 0
     log = gw.log()
-    assert "tiny:none" in log
+    assert "tiny:broken" in log
     assert "Engine core initialization failed" in log or "memory" in log.lower()
-    assert all_gone(children)
+    cores = core_pids(log)
+    assert len(cores) == 2 and cores <= set(seen), "both engines' cores were started, as the gateway's children"
+    assert all_gone(list(seen.values()))
+
+
+def core_pids(log: str) -> set[int]:
+    return {int(pid) for pid in re.findall(r"\(EngineCore pid=(\d+)\)", log)}
 
 
 def test_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from tests.support import (
     GatewayProcess,
     descendants,
     embedded_model,
+    engine_core,
     http_client,
     running_gateway,
     series,
@@ -331,26 +332,19 @@ def finished_anyway(left: list[SoakResult], log: str) -> list[dict[str, Any]]:
     return [entry for entry, _ in late]
 
 
-def engine_cores(gateway: GatewayProcess) -> list[psutil.Process]:
-    """The EngineCore processes, oldest first (engines start one after another)."""
-    cores = [p for p in descendants(gateway) if "EngineCore" in p.name() + " ".join(p.cmdline())]
-    return sorted(cores, key=lambda p: p.create_time())
-
-
 def ready_engines(gw: httpx.Client) -> dict[str, bool]:
     engines: dict[str, bool] = gw.get("/ready").json()["engines"]
     return engines
 
 
 def test_a_dead_engine_is_restarted_while_the_other_serves(gw: httpx.Client, limited: GatewayProcess) -> None:
-    cores = engine_cores(limited)
-    assert len(cores) == 2
+    baseline_core, ngram_core = engine_core(limited, None), engine_core(limited, "ngram")
     spec = f"{MODEL}:ngram"
     with gw.stream("POST", "/v1/chat/completions", json={**LONG, "model": spec, "stream": True}) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         next(lines)
-        cores[1].kill()  # the ngram engine's EngineCore, as an OOM killer would
+        ngram_core.kill()  # as an OOM killer would
         events = [line for line in lines if line.startswith("data: ")]
     # The request in flight ends with a clean error event, then [DONE].
     assert events[-1] == "data: [DONE]"
@@ -369,7 +363,7 @@ def test_a_dead_engine_is_restarted_while_the_other_serves(gw: httpx.Client, lim
     assert again.json()["choices"][0]["message"]["content"] == base.json()["choices"][0]["message"]["content"]
     assert series(gw, "specgate_engine_restarts_total", method="ngram") == 1
     assert series(gw, "specgate_engine_restarts_total", method="none") == 0
-    assert cores[0].is_running() and not cores[1].is_running()
+    assert baseline_core.is_running() and not ngram_core.is_running()
 
 
 def test_sigterm_drains_then_exits_cleanly(gw: httpx.Client, limited: GatewayProcess) -> None:

@@ -1,9 +1,10 @@
 """The engines of a config: validated together, started, stopped together.
 
-In-process engines start one after another (each start blocks until its
-EngineCore process is ready and, on a GPU, the memory check of the next engine
-must see what the previous one took); remote engines only open a connection
-pool and probe their server, so they start alongside.
+In-process engines with a fixed KV budget (`kv_cache_memory_bytes`, as every CPU
+engine has) start together: none sizes its KV cache from the memory left, so none
+needs to see what another took. The others then start one after another, each
+sizing its cache from what the engines before it left. Remote engines only open a
+connection pool and probe their server, so they start alongside.
 """
 
 from __future__ import annotations
@@ -78,17 +79,20 @@ class EnginePool:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.prepare)
-        remote = [e for e in self if isinstance(e, RemoteVLLMEngine)]
-        started: list[Engine] = []
+        together: list[PoolEngine] = [e for e in self if isinstance(e, RemoteVLLMEngine) or e.fixed_kv_budget]
+        alone = [e for e in self if e not in together]
+        started: list[Engine] = []  # stopping one that never (fully) started is harmless
         try:
-            started.extend(remote)  # stopping one that never started is harmless
-            await asyncio.gather(*(e.start() for e in remote))
-            for engine in self:
-                if engine not in remote:
-                    await engine.start()
-                    started.append(engine)
+            started.extend(together)
+            results = await asyncio.gather(*(e.start() for e in together), return_exceptions=True)
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
+            for engine in alone:
+                started.append(engine)
+                await engine.start()
         except BaseException:
-            logger.error("an engine failed to start; stopping the %d already started", len(started))
+            logger.error("an engine failed to start; stopping the %d started with it", len(started))
             await _stop_all(reversed(started))
             raise
         self._watchers = [asyncio.create_task(_keep_alive(e)) for e in self if isinstance(e, LocalVLLMEngine)]

@@ -129,6 +129,12 @@ class LocalVLLMEngine:
             max_model_len=self._vllm_config.model_config.max_model_len,
         )
 
+    @property
+    def fixed_kv_budget(self) -> bool:
+        """Whether the engine's KV cache has a set size, not one taken from the memory
+        left when it starts (app/engines/pool.py). Known once prepared."""
+        return self._vllm_config is not None and self._vllm_config.cache_config.kv_cache_memory_bytes is not None
+
     async def start(self) -> None:
         self._wanted = True
         # EngineCore start-up blocks for tens of seconds: off the event loop.
