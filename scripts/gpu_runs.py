@@ -473,14 +473,22 @@ def api_processes(gateway: ServerProcess, count: int, timeout_s: float = 600) ->
     return pids
 
 
-def scale_run(out: Path, counts: list[int], quick: bool) -> int:
+def scale_run(out: Path, counts: list[int], vllm_serve: bool, quick: bool) -> int:
     """Three engines at once through one gateway with N API processes, for each N,
-    then through three `vllm serve` (issue 20: front-end scale-out)."""
+    then through three `vllm serve` (issue 20: front-end scale-out). Each run is added to
+    `scale.json` as it ends, so a run split over several calls (or cut short) keeps what it measured."""
     out.mkdir(parents=True, exist_ok=True)
     models = group_configs(quick)["served"]
     tokenizer = read_config(Settings(config=None)).models[MODEL].target  # the embedded model's folder
     clients = 2 if quick else SATURATION_C
-    runs = []
+    results = out / "scale.json"
+    runs: list[dict[str, Any]] = json.loads(results.read_text()) if results.exists() else []
+
+    def keep(run: dict[str, Any]) -> None:
+        runs.append(run)
+        results.write_text(json.dumps(runs, indent=1))
+        print(saturation_table([run]), flush=True)
+
     for count in counts:
         config = out / f"served-{count}.yaml"
         config.write_text(yaml.safe_dump({"models": models, "server": {"api_processes": count}}, sort_keys=False))
@@ -492,20 +500,21 @@ def scale_run(out: Path, counts: list[int], quick: bool) -> int:
             pids = api_processes(gateway.server, count)
             targets = [(gateway.server.url, f"{MODEL}:{m}") for m in SERVED]
             front = f"specgate, {count} API process{'es' if count > 1 else ''}"
-            runs.append(saturate(front, targets, pids, tokenizer, clients))
-            print(saturation_table(runs[-1:]), flush=True)
+            keep({**saturate(front, targets, pids, tokenizer, clients), "ready_s": gateway.ready_s})
         finally:
             stop([gateway])
-    servers = start_vllm_serves(out, out / f"served-{counts[0]}.yaml")
-    try:
-        wait_all(servers, time.monotonic() + 600)
-        if all(s.error is None for s in servers.values()):
-            pids = {name: s.server.proc.pid for name, s in servers.items()}
-            targets = [(servers[f"vllm-serve-{m}"].server.url, MODEL) for m in SERVED]
-            runs.append(saturate("vllm serve (3 processes)", targets, pids, tokenizer, clients))
-    finally:
-        stop(list(servers.values()))
-    (out / "scale.json").write_text(json.dumps(runs, indent=1))
+    if vllm_serve:
+        config = out / "served.yaml"
+        config.write_text(yaml.safe_dump({"models": models}, sort_keys=False))
+        servers = start_vllm_serves(out, config)
+        try:
+            wait_all(servers, time.monotonic() + 600)
+            if all(s.error is None for s in servers.values()):
+                pids = {name: s.server.proc.pid for name, s in servers.items()}
+                targets = [(servers[f"vllm-serve-{m}"].server.url, MODEL) for m in SERVED]
+                keep(saturate("vllm serve (3 processes)", targets, pids, tokenizer, clients))
+        finally:
+            stop(list(servers.values()))
     print(saturation_table(runs), flush=True)
     return 0
 
@@ -634,7 +643,9 @@ def main() -> int:
     eng.add_argument("--quick", action="store_true", help="a smoke run on a CPU machine: tiny loads")
     scale = sub.add_parser("scale", help="three engines through N API processes, and through three vllm serve")
     scale.add_argument("--out", type=Path, required=True)
-    scale.add_argument("--api-processes", default="1,2,4", help="the values of N, comma-separated")
+    scale.add_argument("--api-processes", dest="counts", default="1,2,4", help="the values of N, comma-separated")
+    both = argparse.BooleanOptionalAction
+    scale.add_argument("--vllm-serve", action=both, default=True, help="then three vllm serve")
     scale.add_argument("--quick", action="store_true", help="a smoke run on a CPU machine: tiny loads")
     tab = sub.add_parser("tables", help="print every table from a run's folder")
     tab.add_argument("root", type=Path)
@@ -646,7 +657,8 @@ def main() -> int:
         only = set(args.groups.split(",")) if args.groups else None
         return engines_run(args.out, args.budget_s, only, args.quick)
     if args.run == "scale":
-        return scale_run(args.out, [int(n) for n in args.api_processes.split(",")], args.quick)
+        counts = [int(n) for n in args.counts.split(",") if n]
+        return scale_run(args.out, counts, args.vllm_serve, args.quick)
     return tables(args.root)
 
 
