@@ -66,8 +66,7 @@ def run(app: FastAPI, host: str, port: int, log_level: str) -> None:
 
 
 def serve_on(app: FastAPI, sock: socket.socket, log_level: str) -> None:
-    """Serve on a socket bound already (by this process, or by the supervisor of
-    several API processes, which all accept on it)."""
+    """Serve on a socket bound already (before the engines started)."""
     # After the drain, what is still open gets a few seconds before it is cut.
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
     server = GatewayServer(config, app)
@@ -77,13 +76,13 @@ def serve_on(app: FastAPI, sock: socket.socket, log_level: str) -> None:
         sys.exit(STARTUP_FAILURE)
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, shared: bool = False) -> socket.socket:
     """The listening address, bound before the engines start: uvicorn would bind it
     only after them, tens of seconds later, when the port may have been taken (or
     was in use from the start, which should fail at once). Port 0 picks a free
-    port, named in the log line."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port, named in the log line. `shared`: the port is bound with SO_REUSEPORT, so
+    that each of several API processes can listen on it with a socket of its own."""
+    sock = _socket(host, shared)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -97,4 +96,23 @@ def bind(host: str, port: int) -> socket.socket:
         shown,
         sock.getsockname()[1],
     )
+    return sock
+
+
+def listener_beside(bound: socket.socket) -> socket.socket:
+    """A socket of this process on the port `bound` holds (bound with SO_REUSEPORT):
+    the kernel spreads new connections evenly over every socket listening there,
+    where processes accepting on one shared socket get them unevenly (whichever
+    wakes first takes the next)."""
+    host, port = bound.getsockname()[:2]
+    sock = _socket(host, True)
+    sock.bind((host, port))
+    return sock
+
+
+def _socket(host: str, shared: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     return sock

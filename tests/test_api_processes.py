@@ -106,6 +106,22 @@ def test_requests_spread_over_both_processes_and_answers_are_lossless(multi: Gat
     assert served == {0, 1}, "every API process should have answered some of 16 concurrent requests"
 
 
+def test_each_api_process_listens_on_a_socket_of_its_own(multi: GatewayProcess) -> None:
+    """SO_REUSEPORT: the kernel spreads connections over the processes' sockets; the
+    supervisor's socket holds the port and never listens (it would get connections
+    that nobody accepts)."""
+
+    def listening(process: psutil.Process) -> int:
+        return sum(
+            1 for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == multi.port
+        )
+
+    supervisor = psutil.Process(multi.proc.pid)
+    api = [p for p in supervisor.children() if listening(p)]
+    assert listening(supervisor) == 0
+    assert len(api) == PROCESSES and all(listening(p) == 1 for p in api)
+
+
 def test_metrics_sum_every_process(multi: GatewayProcess, gw: httpx.Client) -> None:
     before, ended_before = scrape(gw), len(access_lines(multi))
     with ThreadPoolExecutor(8) as pool:
