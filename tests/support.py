@@ -25,6 +25,7 @@ __all__ = [
     "REPO",
     "GatewayProcess",
     "Samples",
+    "core_starts",
     "descendants",
     "embedded_model",
     "engine_core",
@@ -96,11 +97,16 @@ CORE_START = re.compile(
 )
 
 
+def core_starts(log: str) -> list[tuple[int, str | None]]:
+    """(pid, speculative method or None) of every EngineCore start in a log, in order."""
+    return [(int(pid), spec or None) for pid, spec in CORE_START.findall(log)]
+
+
 def engine_core(gateway: GatewayProcess, method: str | None) -> psutil.Process:
     """The EngineCore that runs vLLM's speculative `method` (None: the engine that does
     not speculate), by the line it logged last as it started: the engines of a gateway
     start together, so the order of their processes says nothing."""
-    pids = [int(pid) for pid, spec in CORE_START.findall(gateway.log()) if (spec or None) == method]
+    pids = [pid for pid, spec in core_starts(gateway.log()) if spec == method]
     assert pids, f"no EngineCore with speculative method {method} in the gateway's log"
     return psutil.Process(pids[-1])
 

@@ -4,7 +4,6 @@ port in use fails it at once, before any engine starts."""
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from app.server import STARTUP_FAILURE
-from tests.support import descendants, start_gateway
+from tests.support import core_starts, descendants, start_gateway
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -68,13 +67,9 @@ def test_engine_that_cannot_start_fails_startup(tmp_path: Path) -> None:
     log = gw.log()
     assert "tiny:broken" in log
     assert "Engine core initialization failed" in log or "memory" in log.lower()
-    cores = core_pids(log)
+    cores = {pid for pid, _ in core_starts(log)}
     assert len(cores) == 2 and cores <= set(seen), "both engines' cores were started, as the gateway's children"
     assert all_gone(list(seen.values()))
-
-
-def core_pids(log: str) -> set[int]:
-    return {int(pid) for pid in re.findall(r"\(EngineCore pid=(\d+)\)", log)}
 
 
 def test_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
