@@ -37,7 +37,10 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -50,6 +53,13 @@ from app.engines.core_links import CORE, DIED, CoreLinks
 from app.engines.pool import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 
 logger = logging.getLogger("specgate.frontends")
+
+# Cores start from several threads at once (Supervisor.start_cores), and vLLM forks each
+# core's process unless CUDA is up here. filelock (4.x, which vLLM's dependencies bring)
+# refuses an os.fork while another thread is inside one: "os.fork is unsafe while filelock
+# is changing descriptor ownership" (seen on an H100). So one fork at a time; the long
+# wait for each core's READY still overlaps.
+FORKING = threading.Lock()
 
 
 @dataclass
@@ -86,7 +96,11 @@ def start_core(engine: EngineId, config: Any, processes: int) -> tuple[Core, lis
     zmq = bind_engine_zmq_listeners(config, processes)
     try:
         # Leaving the block waits for the core's READY; the API processes connect later.
-        with launch_core_engines(config, Executor.get_class(config), True, zmq.addresses) as launch:
+        with contextlib.ExitStack() as launched:
+            with FORKING:  # entering forks the core's process
+                launch = launched.enter_context(
+                    launch_core_engines(config, Executor.get_class(config), True, zmq.addresses)
+                )
             manager, coordinator = launch.engine_manager, launch.coordinator
     except BaseException:
         zmq.cleanup()
@@ -148,14 +162,37 @@ class Supervisor:
 
         return engine_config(engine, self.config.models[engine.model], self.processes, -1)
 
-    def start(self, sock: socket.socket) -> None:
+    def start_cores(self) -> list[dict[str, dict[str, Any]]]:
+        """Every engine's core, and each API process's clients of them. Cores with a set
+        KV budget start together (as EnginePool.start does); the others one after another,
+        since each sizes its cache from the memory the ones before it left."""
         configs = self.engines()  # vLLM validates every engine before the first starts
+        together = [e for e, c in configs.items() if c.cache_config.kv_cache_memory_bytes is not None]
         per_process: list[dict[str, dict[str, Any]]] = [{} for _ in range(self.processes)]
-        for engine, vllm_config in configs.items():
-            core, clients = start_core(engine, vllm_config, self.processes)
-            self.cores[engine] = core
+
+        def started(engine: EngineId, core: Core, clients: list[dict[str, Any]]) -> None:
+            self.cores[engine] = core  # from here on, shutdown() stops it
             for index, client in enumerate(clients):
                 per_process[index][str(engine)] = client
+
+        with ThreadPoolExecutor(max_workers=max(1, len(together)), thread_name_prefix="core-start") as pool:
+            futures = {pool.submit(start_core, e, configs[e], self.processes): e for e in together}
+            try:
+                for future in as_completed(futures):
+                    started(futures[future], *future.result())
+            finally:
+                # On a failure or Ctrl-C the others still finish starting (a start cannot be
+                # cut short from here): keep them, so that shutdown() stops them too.
+                wait_all(futures)
+                for future, engine in futures.items():
+                    if engine not in self.cores and future.exception() is None:
+                        started(engine, *future.result())
+        for engine in (e for e in configs if e not in together):
+            started(engine, *start_core(engine, configs[engine], self.processes))
+        return per_process
+
+    def start(self, sock: socket.socket) -> None:
+        per_process = self.start_cores()
         spawn = multiprocessing.get_context("spawn")
         for index in range(self.processes):
             theirs, ours = spawn.Pipe(duplex=False)

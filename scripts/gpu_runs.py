@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +46,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.bench.gateway import ServerProcess, free_port, start_gateway, start_server  # noqa: E402
+from app.bench.gateway import ServerProcess, core_starts, free_port, start_gateway, start_server  # noqa: E402
 from app.cli import read_config  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.drafters.common import probe_accepts, probe_token  # noqa: E402
 from app.engines.vllm_command import VLLM_SERVE, serve_args  # noqa: E402
-from scripts.overhead import bench_argv  # noqa: E402
+from scripts.overhead import bench_argv, profiled  # noqa: E402
 
 MODEL = "smollm2"
 GiB = 2**30
@@ -386,13 +386,25 @@ def cores(samples: list[tuple[float, float]], window_s: float = 2.0) -> tuple[fl
     return (c1 - c0) / (t1 - t0), peak
 
 
+def engine_cores(servers: list[ServerProcess]) -> dict[str, int]:
+    """The EngineCore of each speculative method, by the start line it logged: its core use
+    says whether the engine or the front end is the ceiling."""
+    return {f"core-{spec or 'none'}": pid for s in servers for pid, spec in core_starts(s.log())}
+
+
 def saturate(
-    front: str, targets: list[tuple[str, str]], pids: dict[str, int], tokenizer: str, clients_each: int
+    front: str,
+    targets: list[tuple[str, str]],
+    pids: dict[str, int],
+    tokenizer: str,
+    clients_each: int,
+    cores_of: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The three engines at once, `clients_each` clients each (vLLM's bench client, one process per engine).
     The mean core use includes the clients' start (they import vLLM); the busiest window is the load's."""
     started = time.monotonic()
-    with cpu_sampler(pids) as samples:
+    cores_of = cores_of or {}
+    with cpu_sampler({**pids, **cores_of}) as samples:
         clients = [bench_client(url, model, tokenizer, clients_each, clients_each * 5) for url, model in targets]
         outputs = [c.communicate(timeout=600)[0] for c in clients]
     results = []
@@ -408,7 +420,8 @@ def saturate(
         "total_tok_s": sum(r.get("output_throughput") or 0 for r in results),
         "failed": sum(r.get("failed", 0) or 0 for r in results),
         "wall_s": wall,
-        "cores": {name: {"mean": u[0], "peak_2s": u[1]} for name, u in use.items()},
+        "cores": {name: {"mean": u[0], "peak_2s": u[1]} for name, u in use.items() if name not in cores_of},
+        "engine_cores": {name: {"mean": u[0], "peak_2s": u[1]} for name, u in use.items() if name in cores_of},
     }
 
 
@@ -473,7 +486,9 @@ def api_processes(gateway: ServerProcess, count: int, timeout_s: float = 600) ->
     return pids
 
 
-def scale_run(out: Path, counts: list[int], vllm_serve: bool, quick: bool) -> int:
+def scale_run(
+    out: Path, counts: list[int], vllm_serve: bool, quick: bool, profile: bool = False, warm_up: bool = True
+) -> int:
     """Three engines at once through one gateway with N API processes, for each N,
     then through three `vllm serve` (issue 20: front-end scale-out). Each run is added to
     `scale.json` as it ends, so a run split over several calls (or cut short) keeps what it measured."""
@@ -489,6 +504,28 @@ def scale_run(out: Path, counts: list[int], vllm_serve: bool, quick: bool) -> in
         results.write_text(json.dumps(runs, indent=1))
         print(saturation_table([run]), flush=True)
 
+    def measure(
+        front: str,
+        targets: list[tuple[str, str]],
+        pids: dict[str, int],
+        cores_of: dict[str, int],
+        tag: str,
+        ready_s: float | None = None,
+    ) -> None:
+        """The load once, kept; with --profile, once more with py-spy on every front-end
+        process and EngineCore (collapsed stacks, profile-[specgate-N-]<process>.txt): apart from
+        the measured pass, since sampling takes some CPU of its own."""
+        if warm_up:  # the first load after a start runs slower (2026-12-05, H100: vllm serve 0.79x its second)
+            keep(saturate(f"{front} (warm-up pass)", targets, pids, tokenizer, clients, cores_of))
+        keep({**saturate(front, targets, pids, tokenizer, clients, cores_of), "ready_s": ready_s})
+        if not profile:
+            return
+        with ExitStack() as stack:
+            for name, pid in {**pids, **cores_of}.items():
+                if name != "supervisor":
+                    stack.enter_context(profiled(pid, out / f"profile-{tag}{name}.txt"))
+            keep(saturate(f"{front} (under py-spy)", targets, pids, tokenizer, clients, cores_of))
+
     for count in counts:
         config = out / f"served-{count}.yaml"
         config.write_text(yaml.safe_dump({"models": models, "server": {"api_processes": count}}, sort_keys=False))
@@ -500,7 +537,7 @@ def scale_run(out: Path, counts: list[int], vllm_serve: bool, quick: bool) -> in
             pids = api_processes(gateway.server, count)
             targets = [(gateway.server.url, f"{MODEL}:{m}") for m in SERVED]
             front = f"specgate, {count} API process{'es' if count > 1 else ''}"
-            keep({**saturate(front, targets, pids, tokenizer, clients), "ready_s": gateway.ready_s})
+            measure(front, targets, pids, engine_cores([gateway.server]), f"specgate-{count}-", gateway.ready_s)
         finally:
             stop([gateway])
     if vllm_serve:
@@ -512,7 +549,8 @@ def scale_run(out: Path, counts: list[int], vllm_serve: bool, quick: bool) -> in
             if all(s.error is None for s in servers.values()):
                 pids = {name: s.server.proc.pid for name, s in servers.items()}
                 targets = [(servers[f"vllm-serve-{m}"].server.url, MODEL) for m in SERVED]
-                keep(saturate("vllm serve (3 processes)", targets, pids, tokenizer, clients))
+                cores_of = engine_cores([s.server for s in servers.values()])
+                measure("vllm serve (3 processes)", targets, pids, cores_of, "")
         finally:
             stop(list(servers.values()))
     print(saturation_table(runs), flush=True)
@@ -591,12 +629,17 @@ def speedup_table(folder: Path) -> str:
     return markdown(["workload", "load", "method", "tok/s", "speed-up", "MAL", "speed-up / MAL"], rows)
 
 
+def core_use(use: dict[str, dict[str, float]]) -> str:
+    return "; ".join(f"{n} {u['mean']:.2f} (peak {u['peak_2s']:.2f})" for n, u in use.items())
+
+
 def saturation_table(runs: list[dict[str, Any]]) -> str:
     rows = []
     for r in runs:
         per = " / ".join(fmt(t, ".0f") for t in r["per_engine_tok_s"])
-        use = "; ".join(f"{n} {u['mean']:.2f} (peak {u['peak_2s']:.2f})" for n, u in r["cores"].items())
-        rows.append([r["front"], fmt(r["total_tok_s"], ".0f"), per, str(r["failed"]), use])
+        use = core_use(r["cores"])
+        engines = core_use(r.get("engine_cores", {}))
+        rows.append([r["front"], fmt(r["total_tok_s"], ".0f"), per, str(r["failed"]), use, engines or "not sampled"])
     return markdown(
         [
             "front end",
@@ -604,6 +647,7 @@ def saturation_table(runs: list[dict[str, Any]]) -> str:
             "tok/s per engine (none / ngram / suffix)",
             "failed",
             "front-end cores: mean (busiest 2 s)",
+            "EngineCore cores: mean (busiest 2 s)",
         ],
         rows,
     )
@@ -647,6 +691,8 @@ def main() -> int:
     both = argparse.BooleanOptionalAction
     scale.add_argument("--vllm-serve", action=both, default=True, help="then three vllm serve")
     scale.add_argument("--quick", action="store_true", help="a smoke run on a CPU machine: tiny loads")
+    scale.add_argument("--profile", action="store_true", help="then each load again under py-spy")
+    scale.add_argument("--warm-up", action=both, default=True, help="a pass before the measured one")
     tab = sub.add_parser("tables", help="print every table from a run's folder")
     tab.add_argument("root", type=Path)
     args, extra = parser.parse_known_args()
@@ -658,7 +704,7 @@ def main() -> int:
         return engines_run(args.out, args.budget_s, only, args.quick)
     if args.run == "scale":
         counts = [int(n) for n in args.counts.split(",") if n]
-        return scale_run(args.out, counts, args.vllm_serve, args.quick)
+        return scale_run(args.out, counts, args.vllm_serve, args.quick, args.profile, args.warm_up)
     return tables(args.root)
 
 

@@ -4,7 +4,6 @@ its children, the `/metrics` reader, and the CLI runner."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.gateway import ServerProcess as GatewayProcess
-from app.bench.gateway import free_port, start_gateway
+from app.bench.gateway import core_starts, free_port, start_gateway
 
 __all__ = [
     "REPO",
@@ -88,18 +87,6 @@ def descendants(gateway: GatewayProcess) -> list[psutil.Process]:
         return psutil.Process(gateway.proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-
-
-# The line each EngineCore writes as it starts: its pid and its speculative method (None: none).
-CORE_START = re.compile(
-    r"\(EngineCore pid=(\d+)\).*Initializing a V1 LLM engine.*?"
-    r"speculative_config=(?:None|SpeculativeConfig\(method='(\w+)')"
-)
-
-
-def core_starts(log: str) -> list[tuple[int, str | None]]:
-    """(pid, speculative method or None) of every EngineCore start in a log, in order."""
-    return [(int(pid), spec or None) for pid, spec in CORE_START.findall(log)]
 
 
 def engine_core(gateway: GatewayProcess, method: str | None) -> psutil.Process:

@@ -23,6 +23,7 @@ from tests.support import (
     GatewayProcess,
     descendants,
     embedded_model,
+    engine_core,
     http_client,
     scrape,
     start_gateway,
@@ -157,12 +158,6 @@ def test_admission_limits_hold_for_the_host(multi: GatewayProcess) -> None:
     assert refused.json()["error"]["type"] == "rate_limit_error"
 
 
-def engine_cores(gateway: GatewayProcess) -> list[psutil.Process]:
-    """The supervisor's EngineCores, in the order they started (their workers are theirs)."""
-    children = psutil.Process(gateway.proc.pid).children()
-    return sorted((p for p in children if "EngineCore" in " ".join(p.cmdline())), key=lambda p: p.create_time())
-
-
 def ready_in_every_process(gw: httpx.Client, engine: str, want: bool, times: int = 12) -> bool:
     """`times` answers of /ready in a row (new connections: either process) agree."""
     url = str(gw.base_url).rstrip("/") + "/ready"
@@ -171,7 +166,7 @@ def ready_in_every_process(gw: httpx.Client, engine: str, want: bool, times: int
 
 def test_a_killed_core_is_seen_and_restarted_by_both_processes(multi: GatewayProcess, gw: httpx.Client) -> None:
     engine = f"{MODEL}:ngram"
-    ngram_core = engine_cores(multi)[1]  # started after `none`'s
+    ngram_core = engine_core(multi, "ngram")  # the cores start together: found by what each logged
     ngram_core.kill()
     assert wait_for(lambda: ready_in_every_process(gw, engine, False), 30)
     for i in range(4):  # either process: a clean 503 while the core restarts, not a hang
@@ -184,7 +179,7 @@ def test_a_killed_core_is_seen_and_restarted_by_both_processes(multi: GatewayPro
     for index in range(PROCESSES):
         assert f"[api {index}]: engine {engine}: its core died (seen by the supervisor)" in log
         assert f"[api {index}]: engine {engine} restarted" in log
-    assert engine_cores(multi)[-1].pid != ngram_core.pid
+    assert engine_core(multi, "ngram").pid != ngram_core.pid
     prompt = "Count from 3 to 9, separated by commas."
     assert ask(multi.url, "ngram", prompt).json()["choices"] == ask(multi.url, "none", prompt).json()["choices"]
 

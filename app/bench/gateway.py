@@ -19,6 +19,17 @@ import httpx
 
 START_TIMEOUT_S = 900.0
 
+# The line each EngineCore writes as it starts: its pid and its speculative method (None: none).
+CORE_START = re.compile(
+    r"\(EngineCore pid=(\d+)\).*Initializing a V1 LLM engine.*?"
+    r"speculative_config=(?:None|SpeculativeConfig\(method='(\w+)')"
+)
+
+
+def core_starts(log: str) -> list[tuple[int, str | None]]:
+    """(pid, speculative method or None) of every EngineCore start in a log, in order."""
+    return [(int(pid), spec or None) for pid, spec in CORE_START.findall(log)]
+
 
 def free_port() -> int:
     with socket.socket() as sock:

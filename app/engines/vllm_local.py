@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from argparse import Namespace
 from dataclasses import replace
@@ -44,6 +45,15 @@ from app.engines.vllm_stats import (
     SilentPrometheusStatLogger,
     SnapshotStatLogger,
 )
+
+# Engines with a set KV budget start together, from threads (app/engines/pool.py), and
+# vLLM forks each core's process unless CUDA is up here. filelock (4.x, which vLLM's
+# dependencies bring) refuses an os.fork while another thread is inside one, before any
+# process exists (seen on an H100, where the supervisor of several API processes now
+# forks one core at a time: app/frontends.py). vLLM's fork is deep inside AsyncLLM, so a
+# start that met another's fork is made again.
+FORK_REFUSED = "is unsafe while filelock is changing descriptor ownership"
+FORK_ATTEMPTS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -158,13 +168,21 @@ class LocalVLLMEngine:
             links = self._links
             client = {"client_addresses": links.take(self.id), "client_count": links.count, "client_index": links.index}
         logger.info("starting engine %s%s", self.id, " (a client of its core)" if client else "")
-        self._llm = AsyncLLM.from_vllm_config(
-            self._vllm_config,
-            stat_loggers=[SilentPrometheusStatLogger, snapshot_logger],
-            disable_log_stats=False,
-            usage_context=UsageContext.OPENAI_API_SERVER,
-            **client,
-        )
+        for attempt in range(1, FORK_ATTEMPTS + 1):
+            try:
+                self._llm = AsyncLLM.from_vllm_config(
+                    self._vllm_config,
+                    stat_loggers=[SilentPrometheusStatLogger, snapshot_logger],
+                    disable_log_stats=False,
+                    usage_context=UsageContext.OPENAI_API_SERVER,
+                    **client,
+                )
+                return
+            except RuntimeError as exc:
+                if FORK_REFUSED not in str(exc) or attempt == FORK_ATTEMPTS:
+                    raise
+                logger.warning("engine %s: its core's fork met another engine's (%s); starting it again", self.id, exc)
+                time.sleep(0.2 * attempt)
 
     async def warm_up(self) -> None:
         """One tiny request, so the first client does not pay for lazy kernel set-up

@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m vllm.entrypoints.openai.api_server --model /root/.cache/specgate/SmolLM2-135M-Instruct --served-model-name smollm2 --max-model-len 4096 --dtype bfloat16 --gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4294967296 --no-enforce-eager --max-num-seqs 256 --enable-per-request-metrics --host 127.0.0.1 --port 37123
