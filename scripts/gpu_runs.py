@@ -3,6 +3,7 @@ printed from the files the runs leave (and written beside them as markdown).
 
     python3 scripts/gpu_runs.py overhead --out OUT/overhead   # specgate against `vllm serve`, same engine
     python3 scripts/gpu_runs.py engines --out OUT/engines     # every method's engine, speed-up, saturation
+    python3 scripts/gpu_runs.py scale --out OUT/scale         # three engines through N API processes
     python3 scripts/gpu_runs.py tables OUT                    # every table again, from the files
 
 Run on the GPU host after scripts/gpu_install.py (its environment file sourced).
@@ -21,6 +22,12 @@ Then `specgate bench` (edit, code, chat at concurrency 1, 8, 32) on that gateway
 speed-up, MAL and speed-up / MAL; last, the three engines under load at once, once
 through the gateway and once through the three `vllm serve`: total tok/s and the
 cores each front-end process used.
+
+`scale` (issue 20) puts that load on one gateway with N API processes for each N of
+`--api-processes`, then on three `vllm serve`: a warm-up pass, then the measured one
+(and with `--profile` one more under py-spy), sampling the cores of every front-end
+process and every EngineCore. `scale.json` grows as each front end ends, so the run
+can be split over several device calls.
 """
 
 from __future__ import annotations
