@@ -4,8 +4,8 @@ Run the way `vllm serve --api-server-count N` runs (vllm/entrypoints/cli/serve.p
 this process, the supervisor, binds the port, starts each in-process
 engine's EngineCore once with vLLM's own launcher (`bind_engine_zmq_listeners`,
 `launch_core_engines`: the handshake, one input and one output listener per API
-process), one engine after another (a single gateway starts those with a fixed KV
-budget together; here each core's handshake runs alone). Then it starts N API
+process): those with a fixed KV budget together, as a single gateway starts them,
+forking one at a time; the others one after another. Then it starts N API
 processes. Each is a whole gateway (routes, admission, records, metrics) whose
 in-process engines are vLLM clients of those cores, client i of N
 (app/engines/core_links.py). Unlike vLLM's API servers, which accept on one shared
@@ -166,8 +166,10 @@ class Supervisor:
         """Every engine's core, and each API process's clients of them. Cores with a set
         KV budget start together (as EnginePool.start does); the others one after another,
         since each sizes its cache from the memory the ones before it left."""
+        from app.engines.vllm_local import fixed_kv_budget
+
         configs = self.engines()  # vLLM validates every engine before the first starts
-        together = [e for e, c in configs.items() if c.cache_config.kv_cache_memory_bytes is not None]
+        together = [e for e, c in configs.items() if fixed_kv_budget(c)]
         per_process: list[dict[str, dict[str, Any]]] = [{} for _ in range(self.processes)]
 
         def started(engine: EngineId, core: Core, clients: list[dict[str, Any]]) -> None:

@@ -58,6 +58,12 @@ FORK_ATTEMPTS = 4
 logger = logging.getLogger(__name__)
 
 
+def fixed_kv_budget(config: VllmConfig) -> bool:
+    """Whether an engine's KV cache has a set size (`kv_cache_memory_bytes`), so that it
+    can start beside others: it sizes nothing from the memory they leave."""
+    return config.cache_config.kv_cache_memory_bytes is not None
+
+
 def build_engine_args(engine_id: EngineId, model: ModelConfig) -> AsyncEngineArgs:
     method = model.methods[engine_id.method]
     kwargs: dict[str, Any] = model.engine_for(engine_id.method).to_engine_kwargs()
@@ -143,7 +149,7 @@ class LocalVLLMEngine:
     def fixed_kv_budget(self) -> bool:
         """Whether the engine's KV cache has a set size, not one taken from the memory
         left when it starts (app/engines/pool.py). Known once prepared."""
-        return self._vllm_config is not None and self._vllm_config.cache_config.kv_cache_memory_bytes is not None
+        return self._vllm_config is not None and fixed_kv_budget(self._vllm_config)
 
     async def start(self) -> None:
         self._wanted = True
