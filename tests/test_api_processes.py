@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +25,7 @@ from tests.support import (
     engine_core,
     http_client,
     scrape,
+    series,
     start_gateway,
     total,
     wait_for,
@@ -184,18 +184,30 @@ def test_a_killed_core_is_seen_and_restarted_by_both_processes(multi: GatewayPro
     assert ask(multi.url, "ngram", prompt).json()["choices"] == ask(multi.url, "none", prompt).json()["choices"]
 
 
-def test_sigterm_drains_both_processes_then_nothing_is_left(multi: GatewayProcess) -> None:
+def admitted_since(gw: httpx.Client, method: str, ended_before: float) -> float:
+    """Requests of `method` admitted since `ended_before` finished ones: in flight,
+    queued, or already ended (summed over both processes by /metrics)."""
+    samples = scrape(gw)
+    live = ("specgate_requests_in_flight", "specgate_requests_queued")
+    now = sum(total(samples, name, method=method) for name in live)
+    return now + total(samples, "specgate_requests_total", method=method) - ended_before
+
+
+def test_sigterm_drains_both_processes_then_nothing_is_left(multi: GatewayProcess, gw: httpx.Client) -> None:
     children = descendants(multi)
+    ended = series(gw, "specgate_requests_total", method="ngram")
     with ThreadPoolExecutor(12) as pool:
         long = [
             pool.submit(ask, multi.url, "ngram", f"Write a long story number {i}.", max_tokens=64, ignore_eos=True)
             for i in range(12)
         ]
-        time.sleep(2)  # admitted by now
+        # SIGTERM only once all twelve are admitted: one that arrives later is
+        # rightly refused with a 503, and a fixed sleep was not always enough in CI.
+        assert wait_for(lambda: admitted_since(gw, "ngram", ended) >= 12, 60)
         ended_before = len(access_lines(multi))
         multi.proc.send_signal(signal.SIGTERM)
         replies = [f.result() for f in long]
-    assert [r.status_code for r in replies] == [200] * 12
+    assert [r.status_code for r in replies] == [200] * 12, [r.text[:200] for r in replies if r.status_code != 200]
     assert all(r.json()["usage"]["completion_tokens"] == 64 for r in replies)
     assert multi.proc.wait(120) == 0
     assert {index for index, _ in access_lines(multi)[ended_before:]} == {0, 1}, "both processes drained requests"
