@@ -18,7 +18,7 @@ from app.metrics import GatewayMetrics
 from app.record import RequestRecord, SpecCounts, Timing
 from tests.conftest import MODEL
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
-from tests.support import GatewayProcess, scrape, total
+from tests.support import GatewayProcess, scrape, total, wait_for
 
 PROMPTS = [
     "Repeat this list exactly: red, green, blue, cyan, magenta, yellow, black, white.",
@@ -219,14 +219,16 @@ def test_access_log_has_one_json_line_per_request_without_text(gateway: GatewayP
     reply = client.chat.completions.create(
         model=f"{MODEL}:ngram", max_tokens=8, messages=[{"role": "user", "content": f"Say {marker} twice."}]
     )
-    time.sleep(0.5)
+
+    def mine() -> list[dict[str, Any]]:
+        lines = gateway.log().splitlines()
+        entries = [json.loads(line.split("specgate.access: ", 1)[1]) for line in lines if "specgate.access: " in line]
+        return [entry for entry in entries if entry["request_id"] == reply.id]
+
+    assert wait_for(lambda: bool(mine()), 10)  # written after the answer is sent
     log = gateway.log()
-    lines = [
-        json.loads(line.split("specgate.access: ", 1)[1]) for line in log.splitlines() if "specgate.access: " in line
-    ]
-    mine = [line for line in lines if line["request_id"] == reply.id]
-    assert len(mine) == 1
-    entry = mine[0]
+    assert len(mine()) == 1
+    entry = mine()[0]
     assert (entry["model"], entry["method"]) == (MODEL, "ngram")
     assert entry["completion_tokens"] == reply.usage.completion_tokens  # type: ignore[union-attr]
     assert entry["mean_acceptance_length"] == reply.model_extra["specgate"]["mean_acceptance_length"]
