@@ -520,9 +520,9 @@ def scale_run(
         ready_s: float | None = None,
     ) -> None:
         """The load once, kept (after a warm-up pass, also kept, unless --no-warm-up); with
-        --profile, once more with py-spy on every front-end
-        process and EngineCore (collapsed stacks, profile-[specgate-N-]<process>.txt): apart from
-        the measured pass, since sampling takes some CPU of its own."""
+        --profile, once more with py-spy on every front-end process and EngineCore
+        (collapsed stacks, profile-[specgate-N-]<process>.txt): apart from the measured
+        pass, since sampling takes some CPU of its own."""
         if warm_up:  # the first load after a start runs slower (2026-12-05, H100: vllm serve 0.79x its second)
             keep(saturate(f"{front} (warm-up pass)", targets, pids, tokenizer, clients, cores_of))
         keep({**saturate(front, targets, pids, tokenizer, clients, cores_of), "ready_s": ready_s})

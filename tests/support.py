@@ -4,6 +4,7 @@ its children, the `/metrics` reader, and the CLI runner."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ __all__ = [
     "REPO",
     "GatewayProcess",
     "Samples",
+    "access_entries",
     "core_starts",
     "descendants",
     "embedded_model",
@@ -111,6 +113,12 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
 REPO = Path(__file__).resolve().parent.parent
 # (name, labels) -> value of every sample of one scrape
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def access_entries(log: str) -> list[dict[str, Any]]:
+    """The `specgate.access` JSON lines of a one-process gateway's log, in order."""
+    marker = "specgate.access: "
+    return [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
 
 
 def scrape(http: httpx.Client) -> Samples:

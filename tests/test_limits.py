@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import (
     GatewayProcess,
+    access_entries,
     descendants,
     embedded_model,
     engine_core,
@@ -315,11 +316,7 @@ def finished_anyway(left: list[SoakResult], log: str) -> list[dict[str, Any]]:
     In CI (twice, never in six runs here) up to half the soak's leavers were noticed
     only at the end of their answer: each is reported with when its client left and
     when its connection closed, to find out why."""
-    finished: dict[str, dict[str, Any]] = {}
-    for line in log.splitlines():
-        if "specgate.access: " in line:
-            entry = json.loads(line.split("specgate.access: ", 1)[1])
-            finished[entry["request_id"]] = entry
+    finished = {entry["request_id"]: entry for entry in access_entries(log)}
     late = [(finished[r.answer_id], r) for r in left if r.answer_id in finished]
     for entry, r in late:
         # A warning, not a print: pytest's summary shows it in CI, where it was seen.

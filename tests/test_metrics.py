@@ -18,7 +18,7 @@ from app.metrics import GatewayMetrics
 from app.record import RequestRecord, SpecCounts, Timing
 from tests.conftest import MODEL
 from tests.prometheus import dashboard_queries, needs_policies, start_prometheus, substitute
-from tests.support import GatewayProcess, scrape, total, wait_for
+from tests.support import GatewayProcess, access_entries, scrape, total, wait_for
 
 PROMPTS = [
     "Repeat this list exactly: red, green, blue, cyan, magenta, yellow, black, white.",
@@ -221,14 +221,13 @@ def test_access_log_has_one_json_line_per_request_without_text(gateway: GatewayP
     )
 
     def mine() -> list[dict[str, Any]]:
-        lines = gateway.log().splitlines()
-        entries = [json.loads(line.split("specgate.access: ", 1)[1]) for line in lines if "specgate.access: " in line]
-        return [entry for entry in entries if entry["request_id"] == reply.id]
+        return [entry for entry in access_entries(gateway.log()) if entry["request_id"] == reply.id]
 
     assert wait_for(lambda: bool(mine()), 10)  # written after the answer is sent
     log = gateway.log()
-    assert len(mine()) == 1
-    entry = mine()[0]
+    entries = mine()
+    assert len(entries) == 1
+    entry = entries[0]
     assert (entry["model"], entry["method"]) == (MODEL, "ngram")
     assert entry["completion_tokens"] == reply.usage.completion_tokens  # type: ignore[union-attr]
     assert entry["mean_acceptance_length"] == reply.model_extra["specgate"]["mean_acceptance_length"]
