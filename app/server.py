@@ -22,6 +22,7 @@ from app.api.state import GatewayState
 
 logger = logging.getLogger("specgate")
 LISTENING = "specgate: listening on"  # start_gateway reads the port from this line
+DRAINING = "draining:"
 
 
 class GatewayServer(uvicorn.Server):  # type: ignore[misc]
@@ -48,6 +49,7 @@ class GatewayServer(uvicorn.Server):  # type: ignore[misc]
         if self.gateway.draining:
             return
         self.gateway.start_draining()
+        logger.info("%s %d requests in flight or queued; new ones get a 503", DRAINING, self.gateway.busy())
         self._drain_task = asyncio.ensure_future(self._drain())
 
     async def _drain(self) -> None:

@@ -56,7 +56,7 @@ from app.bench.stats import CellSummary, summarize
 from app.bench.workloads import Workload, WorkloadError, load_workload
 from app.cli import read_config
 from app.config import ConfigError, EngineSettings, MethodConfig, ModelConfig, Settings, SpecgateConfig
-from app.engines.vllm_command import VLLM_SERVE, serve_args
+from app.engines.vllm_command import VLLM_SERVE, as_vllm_serve_runs, serve_args
 
 MODEL = "smollm2"
 METHODS = ("none", "ngram")
@@ -91,7 +91,8 @@ def load_engine(method: str, cache_dir: Path | None) -> Engine:
     model: ModelConfig = config.models[MODEL]
     if method not in model.methods:
         raise ConfigError(f"--method: {MODEL} has no method {method!r} (it has {', '.join(model.methods)})")
-    return Engine(method, model.target, model.tokenizer, model.engine_for(method), model.methods[method])
+    settings = as_vllm_serve_runs(model.engine_for(method))
+    return Engine(method, model.target, model.tokenizer, settings, model.methods[method])
 
 
 def specgate_config(engine: Engine) -> dict[str, Any]:

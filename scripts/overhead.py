@@ -41,7 +41,7 @@ from rich.table import Table
 from app.bench.gateway import START_TIMEOUT_S, ServerProcess, free_port, start_gateway, start_server
 from app.cli import read_config
 from app.config import EngineSettings, Settings, SpecgateConfig
-from app.engines.vllm_command import VLLM_SERVE, serve_args
+from app.engines.vllm_command import VLLM_SERVE, as_vllm_serve_runs, serve_args
 
 MODEL = "smollm2"
 KEEP = ("completed", "total_output_tokens", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")
@@ -51,7 +51,8 @@ def one_engine_config(method: str, engine: dict[str, Any] | None = None) -> tupl
     """The embedded default config reduced to one engine, its settings overridden by `engine`."""
     config = read_config(Settings(config=None))
     model = config.models[MODEL]
-    model = model.model_copy(update={"engine": model.engine.merged(EngineSettings(**(engine or {})))})
+    settings = as_vllm_serve_runs(model.engine.merged(EngineSettings(**(engine or {}))))
+    model = model.model_copy(update={"engine": settings})
     config.models[MODEL] = model
     only = model.model_copy(
         update={

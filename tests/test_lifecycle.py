@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from app.server import STARTUP_FAILURE
-from tests.support import core_starts, descendants, start_gateway
+from tests.support import GatewayProcess, core_starts, descendants, engine_core, start_gateway
 
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
@@ -48,6 +48,8 @@ def test_ctrl_c_stops_every_engine_process(tmp_path: Path) -> None:
     gw.wait_ready()
     children = descendants(gw)
     assert children, "the engine runs in child processes"
+    # vLLM's choice on CPU (its executor `mp`): the model runs in a Worker beside the core.
+    assert engine_core(gw, None).children(), "a Worker process under the EngineCore"
     assert gw.interrupt() == 0, gw.log()[-3000:]
     assert all_gone(children), [p.pid for p in children if p.is_running()]
 
@@ -93,3 +95,11 @@ def test_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
     assert done.returncode == STARTUP_FAILURE, done.stderr[-3000:]
     assert f"cannot listen on 127.0.0.1 port {port}" in done.stderr
     assert "tiny:none" not in done.stderr, "an engine was started before the port was bound"
+
+
+def test_the_default_engines_run_their_models_in_their_cores(gateway: GatewayProcess) -> None:
+    """The embedded default's `distributed_executor_backend: uni`, kept on CPU where vLLM
+    would turn it into `mp` (app/engines/vllm_local.py): no Worker process to spawn."""
+    cores = [engine_core(gateway, method) for method in (None, "ngram")]
+    assert len({core.pid for core in cores}) == 2
+    assert all(core.children() == [] for core in cores), [core.children() for core in cores]

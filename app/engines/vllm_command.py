@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from app.config import ModelConfig
+from app.config import EngineSettings, ModelConfig
 
 VLLM_SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]  # what `vllm serve` runs
 
@@ -45,3 +45,17 @@ def serve_args(model_name: str, model: ModelConfig, method: str) -> list[str]:
         # vLLM refuses per-request acceptance figures on an engine without speculation.
         args += ["--speculative-config", flag_value(dict(spec)), "--per-request-spec-decode-metrics", "summary"]
     return [*args, "--enable-per-request-metrics"]
+
+
+def as_vllm_serve_runs(engine: EngineSettings) -> EngineSettings:
+    """The engine settings `vllm serve` actually runs: on CPU its platform turns
+    `distributed_executor_backend: uni` into `mp`, which the gateway keeps
+    (app/engines/vllm_local.py). A gateway measured against `vllm serve` takes these,
+    so that both run the same engine."""
+    if engine.extra_args.get("distributed_executor_backend") != "uni":
+        return engine
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return engine
+    return engine.merged(EngineSettings(extra_args={"distributed_executor_backend": "mp"}))

@@ -107,7 +107,22 @@ def engine_config(engine_id: EngineId, model: ModelConfig, api_processes: int = 
     except (ValueError, TypeError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise EngineConfigError(f"vLLM rejected the configuration of engine {engine_id}: {first}") from None
+    if args.distributed_executor_backend == "uni":
+        one_process_on_cpu(config)
     return config
+
+
+def one_process_on_cpu(config: VllmConfig) -> None:
+    """`distributed_executor_backend: uni` asked for explicitly, kept on CPU: vLLM's CPU
+    platform turns it into `mp` (a Worker process beside each EngineCore, so that OMP
+    threads can be bound to cores), and a spawned Worker imports vLLM again, about 10 s
+    of every engine's start on a small CPU host. With `uni` the model runs in the
+    EngineCore process, its OMP threads unbound; greedy outputs are the same."""
+    from vllm.platforms import current_platform
+
+    parallel = config.parallel_config
+    if current_platform.is_cpu() and parallel.world_size == 1:
+        parallel.distributed_executor_backend = "uni"
 
 
 class LocalVLLMEngine:
