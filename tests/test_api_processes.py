@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -146,18 +147,44 @@ def test_metrics_sum_every_process(multi: GatewayProcess, gw: httpx.Client) -> N
     assert total(after, "specgate_requests_in_flight") == 0  # livesum over the processes alive
 
 
-def test_admission_limits_hold_for_the_host(multi: GatewayProcess) -> None:
-    def long(i: int) -> httpx.Response:
-        return ask(multi.url, "none", f"Write a long story number {i}.", max_tokens=48, ignore_eos=True)
+def test_admission_limits_hold_for_the_host(multi: GatewayProcess, gw: httpx.Client) -> None:
+    """Six streams that hold their place until the client lets go: however late a
+    request reaches its process (CI saw one come after another had ended and freed
+    its place), no place frees while the test looks, so at most the host's places
+    answer 200 and the rest get a 429 at once."""
+    release = threading.Event()
+    replies: list[tuple[int, bytes]] = []
+
+    def hold(i: int) -> None:
+        body = {
+            "model": f"{MODEL}:none",
+            "messages": [{"role": "user", "content": f"Write a long story number {i}."}],
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with (
+            httpx.Client(base_url=multi.url, timeout=120) as own,
+            own.stream("POST", "/v1/chat/completions", json=body) as r,
+        ):
+            replies.append((r.status_code, b"" if r.status_code == 200 else r.read()))
+            release.wait(120)
 
     with ThreadPoolExecutor(6) as pool:
-        replies = list(pool.map(long, range(6)))
-    statuses = sorted(r.status_code for r in replies)
+        held = [pool.submit(hold, i) for i in range(6)]
+        try:
+            assert wait_for(lambda: len(replies) == 6, 90), replies
+        finally:
+            release.set()  # the streams close: their requests end as cancelled
+        for f in held:
+            f.result()
+    statuses = sorted(status for status, _ in replies)
     assert set(statuses) <= {200, 429}
     # Never more than the host's places at once: each process admits its share.
     assert 1 <= statuses.count(200) <= HOST_IN_FLIGHT, statuses
-    refused = next(r for r in replies if r.status_code == 429)
-    assert refused.json()["error"]["type"] == "rate_limit_error"
+    refused = next(body for status, body in replies if status == 429)
+    assert json.loads(refused)["error"]["type"] == "rate_limit_error"
+    assert wait_for(lambda: series(gw, "specgate_requests_in_flight", method="none") == 0, 30)
 
 
 def ready_in_every_process(gw: httpx.Client, engine: str, want: bool, times: int = 12) -> bool:
