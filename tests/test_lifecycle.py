@@ -21,8 +21,12 @@ from tests.support import GatewayProcess, core_starts, descendants, engine_core,
 pytestmark = pytest.mark.engine  # starts gateways of its own
 
 
-def one_engine_config(tmp_path: Path, methods: dict[str, Any] | None = None) -> Path:
-    settings = {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456, "enforce_eager": True}
+def one_engine_config(tmp_path: Path, methods: dict[str, Any] | None = None, one_process: bool = False) -> Path:
+    """`one_process`: the model runs in its EngineCore (`uni`, as the embedded default's
+    engines), no Worker process to start; else vLLM's choice on CPU."""
+    settings: dict[str, Any] = {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456, "enforce_eager": True}
+    if one_process:
+        settings["extra_args"] = {"distributed_executor_backend": "uni"}
     raw = {
         "models": {
             "tiny": {
@@ -59,7 +63,7 @@ def test_engine_that_cannot_start_fails_startup(tmp_path: Path) -> None:
     vLLM refuses it): start-up fails without a hang, and the other engine's processes,
     started alongside, are stopped too."""
     bad = {"engine": {"kv_cache_memory_bytes": 4096}}
-    gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path, {"none": {}, "broken": bad}))
+    gw = start_gateway(tmp_path / "gw.log", one_engine_config(tmp_path, {"none": {}, "broken": bad}, one_process=True))
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + 600
     while gw.proc.poll() is None and time.monotonic() < deadline:

@@ -1,6 +1,7 @@
 """Limits and faults against a real gateway with real in-process engines: `none`
 has one place, one queue slot and a 30 s total limit; `ngram` has the defaults
-and is killed and restarted; last, SIGTERM drains the gateway."""
+and is killed and restarted; `timed` (no speculation) has a 5 s total limit, for
+the requests meant to run out of time; last, SIGTERM drains the gateway."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ pytestmark = pytest.mark.engine  # starts gateways of its own
 
 MODEL = "smollm2"
 ENGINE = f"{MODEL}:none"
+SPEC = f"{MODEL}:ngram"
 TOTAL_S = 30  # from admission: a slow first token on a busy machine plus the queue checks must fit inside it
+# A second engine without speculation, with a short time limit: the requests that are meant
+# to run out of time cost little, and the other engines keep their limits.
+TIMED = f"{MODEL}:timed"
+TIMED_TOTAL_S = 5
 LONG = {
     "model": ENGINE,
     "messages": [{"role": "user", "content": "Write a very long essay about the history of Europe."}],
@@ -58,12 +64,13 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         methods={
             "none": {"limits": {"max_in_flight": 1, "max_queued": 1, "retry_after_s": 2, "total_timeout_s": TOTAL_S}},
             "ngram": ngram,
+            "timed": {"limits": {"total_timeout_s": TIMED_TOTAL_S}},
         },
     )
     config = write_config(tmp / "limited.yaml", {MODEL: model})  # engines start in this order
     with running_gateway(tmp / "gateway.log", config, extra_env={"SPECGATE_MAX_BODY_BYTES": str(MAX_BODY)}) as gateway:
         with httpx.Client(base_url=gateway.url, timeout=120) as warm:  # the first request of an engine is slow
-            for method in ("none", "ngram"):
+            for method in ("none", "ngram", "timed"):
                 reply = warm.post("/v1/chat/completions", json={**SHORT, "model": f"{MODEL}:{method}"})
                 assert reply.status_code == 200
         yield gateway
@@ -138,22 +145,23 @@ def beyond_place_and_queue(gw: httpx.Client, limited: GatewayProcess) -> None:
 
 
 def test_total_timeout_aborts_the_engine_request(gw: httpx.Client) -> None:
+    long = {**LONG, "model": TIMED}
     timeouts_before = series(gw, "specgate_requests_total", outcome="timeout")
     started = time.monotonic()
-    reply = gw.post("/v1/chat/completions", json=LONG)
+    reply = gw.post("/v1/chat/completions", json=long)
     took = time.monotonic() - started
     assert reply.status_code == 504, reply.text
     assert reply.json()["error"]["type"] == "timeout_error" and "total_timeout_s" in reply.json()["error"]["message"]
-    assert TOTAL_S - 0.5 < took < TOTAL_S + 10
-    assert wait_for(lambda: unfinished(gw) == 0, 10)
+    assert TIMED_TOTAL_S - 0.5 < took < TIMED_TOTAL_S + 10
+    assert wait_for(lambda: unfinished(gw, TIMED) == 0, 10)
 
-    with gw.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
+    with gw.stream("POST", "/v1/chat/completions", json={**long, "stream": True}) as response:
         assert response.status_code == 200
         events = [e for e in response.read().split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
     assert json.loads(events[-2].removeprefix(b"data: "))["error"]["type"] == "timeout_error"
     assert len(events) > 3  # tokens flowed until the deadline
-    assert wait_for(lambda: unfinished(gw) == 0, 10)
+    assert wait_for(lambda: unfinished(gw, TIMED) == 0, 10)
     assert series(gw, "specgate_requests_total", outcome="timeout") == timeouts_before + 2
     assert gw.post("/v1/chat/completions", json=SHORT).status_code == 200
 
@@ -170,9 +178,8 @@ def test_limits_in_the_config_file_name_the_key(tmp_path: Path) -> None:
 
 # ---- soak: a few hundred requests of every kind at once ----
 
-SOAK_REQUESTS = 240
+SOAK_REQUESTS = 120  # with 30 more before them as a warm-up: 150 requests, about 2 min here
 SOAK_CONCURRENCY = 32
-SPEC = f"{MODEL}:ngram"
 
 
 @dataclass
@@ -201,7 +208,8 @@ async def soak_one(client: httpx.AsyncClient, kind: str, i: int) -> SoakResult:
         reply = await client.post("/v1/chat/completions", json=body)
         return SoakResult(kind, reply.status_code, error_type=reply.json()["error"]["code"])
     if kind in ("answer", "overload", "timeout"):
-        model = SPEC if kind == "answer" else ENGINE
+        # `overload` meets the baseline's one place and one queue, `timeout` a short time limit.
+        model = {"answer": SPEC, "overload": ENGINE, "timeout": TIMED}[kind]
         tokens = 3000 if kind == "timeout" else 16
         body = {"model": model, "messages": prompt, "max_tokens": tokens, "ignore_eos": kind == "timeout"}
         reply = await client.post("/v1/chat/completions", json=body)
@@ -264,7 +272,7 @@ def outcome_counts(gw: httpx.Client) -> dict[str, float]:
 
 def test_soak_every_request_ends_cleanly_and_nothing_leaks(gw: httpx.Client, limited: GatewayProcess) -> None:
     process = psutil.Process(limited.proc.pid)
-    asyncio.run(soak(limited.url, soak_plan(seed=1)[:60]))  # warm-up: allocator and connection pools
+    asyncio.run(soak(limited.url, soak_plan(seed=1)[:30]))  # warm-up: allocator and connection pools
     assert wait_for(lambda: all(e["unfinished_requests"] == 0 for e in gw.get("/engines").json()["engines"]), 30)
     fds_before, rss_before = process.num_fds(), process.memory_info().rss
     counts_before = outcome_counts(gw)
@@ -285,6 +293,7 @@ def test_soak_every_request_ends_cleanly_and_nothing_leaks(gw: httpx.Client, lim
     for result in results:
         by_status[(result.kind, result.status)] = by_status.get((result.kind, result.status), 0) + 1
     print("soak results (kind, status): count", dict(sorted(by_status.items(), key=str)))
+    # The plan's first 32 requests start at once, four of them on the baseline's one place and one queue.
     assert any(r.status == 429 for r in results), "the load should have exceeded the `none` engine's limits"
     assert all(r.complete for r in results if r.kind in ("answer", "stream"))
 
@@ -350,7 +359,7 @@ def test_a_dead_engine_is_restarted_while_the_other_serves(gw: httpx.Client, lim
     # The request in flight ends with a clean error event, then [DONE].
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "service_unavailable"
-    assert wait_for(lambda: ready_engines(gw) == {ENGINE: True, spec: False}, 10)
+    assert wait_for(lambda: ready_engines(gw) == {ENGINE: True, spec: False, TIMED: True}, 10)
     # While it is down: its requests get a 503, the other engine serves without an error.
     down = gw.post("/v1/chat/completions", json={**SHORT, "model": spec})
     assert down.status_code == 503
