@@ -119,13 +119,19 @@ def measure(
     server: ServerProcess, model: str, tokenizer: str, concurrency: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     api = psutil.Process(server.proc.pid)  # the API process only: EngineCore and workers are its children
-    prompts = max(args.min_prompts, args.prompts_per_client * concurrency)
+    prompts = args.prompts.get(concurrency) or max(args.min_prompts, args.prompts_per_client * concurrency)
     before = api.cpu_times()
     result = bench(server.url, model, tokenizer, concurrency, prompts, args)
     after = api.cpu_times()
     cpu_s = (after.user - before.user) + (after.system - before.system)
     tokens = result["total_output_tokens"]
     return {**result, "api_cpu_s": cpu_s, "api_cpu_ms_per_token": 1000 * cpu_s / tokens if tokens else None}
+
+
+def per_concurrency(text: str) -> dict[int, int]:
+    """`C:P,C:P`: P requests per run at concurrency C."""
+    pairs = (item.split(":") for item in text.split(",") if item)
+    return {int(c): int(p) for c, p in pairs}
 
 
 def main() -> int:
@@ -137,6 +143,12 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompts-per-client", type=int, default=4)
     parser.add_argument("--min-prompts", type=int, default=16)
+    parser.add_argument(
+        "--prompts",
+        type=per_concurrency,
+        default={},
+        help="requests per run at given concurrencies, e.g. 16:1024,64:2048 (long runs on a fast GPU)",
+    )
     parser.add_argument("--engine", type=json.loads, default={}, help="engine settings to override (JSON)")
     parser.add_argument("--profile", type=int, default=0, help="one more run per server at this concurrency, profiled")
     parser.add_argument("--out", type=Path, default=Path("bench-results/overhead"))
@@ -182,8 +194,9 @@ def main() -> int:
         for name, (server, served) in servers.items() if args.profile else ():
             out = args.out / f"profile-{name.replace(' ', '-')}-c{args.profile}.txt"
             with profiled(server.proc.pid, out):
-                # Four times a measured run's prompts: enough samples for a profile.
-                bench(server.url, served, model.target, args.profile, 4 * args.profile * args.prompts_per_client, args)
+                # A measured run's prompts where given, else four times them: enough samples for a profile.
+                prompts = args.prompts.get(args.profile) or 4 * args.profile * args.prompts_per_client
+                bench(server.url, served, model.target, args.profile, prompts, args)
             console.log(f"profiled {name}: {out if out.exists() else 'no profile'}")
     finally:
         for server, _ in servers.values():
