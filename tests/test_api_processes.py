@@ -71,13 +71,20 @@ def gw(multi: GatewayProcess) -> Iterator[httpx.Client]:
         yield client
 
 
+ACCESS = "specgate.access [api "  # an access-log line, as each API process prefixes it
+
+
+def api_index(line: str) -> int:
+    """The index of the API process that logged `line` (`[api N]`)."""
+    return int(line.split("[api ", 1)[1].split("]", 1)[0])
+
+
 def access_lines(gateway: GatewayProcess) -> list[tuple[int, dict[str, Any]]]:
     """(API process index, access-log entry) of every request that ended so far."""
     found = []
     for line in gateway.log().splitlines():
-        if "specgate.access [api " in line:
-            index = int(line.split("[api ", 1)[1].split("]", 1)[0])
-            found.append((index, json.loads(line.split("]: ", 1)[1])))
+        if ACCESS in line:
+            found.append((api_index(line), json.loads(line.split("]: ", 1)[1])))
     return found
 
 
@@ -230,10 +237,8 @@ def drains(gateway: GatewayProcess) -> dict[int, tuple[int, int]]:
         held = re.search(rf"\[api (\d+)\]: {DRAINING} (\d+) ", line)
         if held:
             found[int(held[1])] = [int(held[2]), 0]
-        elif "specgate.access [api " in line:
-            index = int(line.split("[api ", 1)[1].split("]", 1)[0])
-            if index in found:
-                found[index][1] += 1
+        elif ACCESS in line and api_index(line) in found:
+            found[api_index(line)][1] += 1
     return {index: (held, ended) for index, (held, ended) in found.items()}
 
 
