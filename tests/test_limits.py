@@ -176,7 +176,7 @@ def test_limits_in_the_config_file_name_the_key(tmp_path: Path) -> None:
         parse_config(raw)
 
 
-# ---- soak: a few hundred requests of every kind at once ----
+# ---- soak: 150 requests of every kind, 32 at a time ----
 
 SOAK_REQUESTS = 120  # with 30 more before them as a warm-up: 150 requests, about 2 min here
 SOAK_CONCURRENCY = 32
