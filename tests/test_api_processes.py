@@ -237,8 +237,8 @@ def drains(gateway: GatewayProcess) -> dict[int, tuple[int, int]]:
         held = re.search(rf"\[api (\d+)\]: {DRAINING} (\d+) ", line)
         if held:
             found[int(held[1])] = [int(held[2]), 0]
-        elif ACCESS in line and api_index(line) in found:
-            found[api_index(line)][1] += 1
+        elif ACCESS in line and (index := api_index(line)) in found:
+            found[index][1] += 1
     return {index: (held, ended) for index, (held, ended) in found.items()}
 
 
