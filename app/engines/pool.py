@@ -10,8 +10,11 @@ connection pool and probe their server, so they start alongside.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Iterator
+
+from vllm.utils.gc_utils import freeze_gc_heap
 
 from app.config import BASELINE_METHOD, ModelConfig, SpecgateConfig
 from app.engines.base import Engine, EngineId
@@ -96,6 +99,7 @@ class EnginePool:
             await _stop_all(reversed(started))
             raise
         self._watchers = [asyncio.create_task(_keep_alive(e)) for e in self if isinstance(e, LocalVLLMEngine)]
+        settle_heap()
 
     async def stop(self) -> None:
         for watcher in self._watchers:
@@ -121,8 +125,20 @@ async def _keep_alive(engine: LocalVLLMEngine) -> None:
             logger.exception("engine %s did not restart", engine.id)
             backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
         else:
+            settle_heap()
             logger.info("engine %s restarted", engine.id)
             backoff = RESTART_BACKOFF_S
+
+
+def settle_heap() -> None:
+    """Mark what is alive once the engines are up as static, as `vllm serve` does after
+    its start-up (`freeze_gc_heap`): Python's cyclic GC then never walks again the
+    hundreds of thousands of objects of vLLM, torch and the engines' serving layers.
+    Unfrozen, each full collection walked them all from the token path, a pause of
+    tens to hundreds of milliseconds that grew with load. After a restart the heap is
+    thawed first, so that the dead engine's objects can be collected."""
+    gc.unfreeze()
+    freeze_gc_heap()
 
 
 async def _stop_all(engines: Iterator[Engine]) -> None:

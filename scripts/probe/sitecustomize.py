@@ -1,0 +1,68 @@
+"""A probe for overhead runs (scripts/overhead.py), not part of specgate: on
+PYTHONPATH with PROBE_OUT set, each Python process writes `PROBE_OUT/<pid>.json`
+with its garbage collections (count and time per generation, from start-up and
+since its first detokenized token) and the time of tokenizers' `DecodeStream.step`,
+vLLM's incremental detokenizer, per call.
+
+    PYTHONPATH=.:scripts/probe PROBE_OUT=/tmp/probe python scripts/overhead.py ...
+
+PROBE_NO_FREEZE=1 makes `gc.freeze` a no-op in the gateway (not in `vllm serve`):
+the gateway as it was before it froze its start-up heap, for a before/after run.
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+
+OUT = os.environ.get("PROBE_OUT")
+
+
+def _install(out: str) -> None:
+    import tokenizers.decoders
+
+    real = tokenizers.decoders.DecodeStream
+    path = os.path.join(out, f"{os.getpid()}.json")
+    gcs = {"n": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
+    stats: dict = {"argv": " ".join(sys.argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
+    started = [0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter_ns()
+            return
+        gen = info["generation"]
+        gcs["n"][gen] += 1
+        gcs["ms"][gen] += (time.perf_counter_ns() - started[0]) / 1e6
+
+    def dump() -> None:
+        stats["frozen"] = gc.get_freeze_count()
+        with open(path, "w") as f:
+            json.dump(stats, f)
+
+    class DecodeStream:  # vLLM looks the class up on the module when it builds a detokenizer
+        __slots__ = ("_s",)
+
+        def __init__(self, *args, **kwargs):
+            self._s = real(*args, **kwargs)
+
+        def step(self, tokenizer, token_id):
+            t = time.perf_counter_ns()
+            text = self._s.step(tokenizer, token_id)
+            stats["step_ns"] += time.perf_counter_ns() - t
+            stats["steps"] += 1
+            if stats["steps"] == 1:
+                stats["gc_at_first_step"] = json.loads(json.dumps(gcs))
+            if stats["steps"] % 512 == 0:
+                dump()
+            return text
+
+    tokenizers.decoders.DecodeStream = DecodeStream
+    gc.callbacks.append(on_gc)
+    if os.environ.get("PROBE_NO_FREEZE") and sys.argv[0].endswith(os.path.join("app", "__main__.py")):
+        gc.freeze = lambda: None
+
+
+if OUT:
+    _install(OUT)
