@@ -25,7 +25,7 @@ def _install(out: str) -> None:
     real = tokenizers.decoders.DecodeStream
     path = os.path.join(out, f"{os.getpid()}.json")
     gcs = {"n": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
-    stats: dict = {"argv": " ".join(sys.argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
+    stats: dict = {"argv": " ".join(sys.orig_argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
     started = [0]
 
     def on_gc(phase: str, info: dict) -> None:
@@ -38,6 +38,7 @@ def _install(out: str) -> None:
 
     def dump() -> None:
         stats["frozen"] = gc.get_freeze_count()
+        stats["threads"] = _thread_cpu()
         with open(path, "w") as f:
             json.dump(stats, f)
 
@@ -60,8 +61,28 @@ def _install(out: str) -> None:
 
     tokenizers.decoders.DecodeStream = DecodeStream
     gc.callbacks.append(on_gc)
-    if os.environ.get("PROBE_NO_FREEZE") and sys.argv[0].endswith(os.path.join("app", "__main__.py")):
+    if os.environ.get("PROBE_NO_FREEZE") and _is_gateway(sys.orig_argv):
         gc.freeze = lambda: None
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by thread name and id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            fields = rest.split()
+            seconds[f"{head.partition('(')[2]}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue
+    return seconds
+
+
+def _is_gateway(argv: list[str]) -> bool:
+    """`python -m app serve ...` (sys.argv is not set yet when this module runs)."""
+    return "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == "app"
 
 
 if OUT:
