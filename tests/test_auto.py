@@ -162,11 +162,17 @@ def test_shadows_beyond_their_limit_are_dropped_not_queued(http: httpx.Client) -
         "max_tokens": 12,
         "ignore_eos": True,
         "temperature": 0,
+        # Streamed: a stream's mirror is counted in flight from its first event, not from
+        # the end of its answer, so the mirrors of 12 streams that start together overlap
+        # however their ends spread (CI saw 12 unstreamed answers end over 2.5 s: no drop).
+        "stream": True,
     }
     statuses: list[int] = []
+    together = threading.Barrier(12)
 
     def send() -> None:
         with httpx.Client(base_url=str(http.base_url), timeout=120) as own:
+            together.wait(30)
             statuses.append(own.post("/v1/chat/completions", json=body).status_code)
 
     threads = [threading.Thread(target=send) for _ in range(12)]
@@ -175,7 +181,7 @@ def test_shadows_beyond_their_limit_are_dropped_not_queued(http: httpx.Client) -
     for thread in threads:
         thread.join(120)
     assert statuses == [200] * 12
-    # The 12 answers end together; max_in_flight is 1, so all mirrors but one are dropped.
+    # The 12 streams start together; max_in_flight is 1, so all mirrors but one are dropped.
     assert series(http, "specgate_shadow_dropped_total", reason="shadow_limit") > dropped
     settle(http)
     assert all(e["unfinished_requests"] == 0 for e in http.get("/engines").json()["engines"])
