@@ -168,19 +168,20 @@ def test_shadows_beyond_their_limit_are_dropped_not_queued(http: httpx.Client) -
         "stream": True,
     }
     statuses: list[int] = []
-    together = threading.Barrier(12)
+    primaries = 12
+    together = threading.Barrier(primaries)
 
     def send() -> None:
         with httpx.Client(base_url=str(http.base_url), timeout=120) as own:
             together.wait(30)
             statuses.append(own.post("/v1/chat/completions", json=body).status_code)
 
-    threads = [threading.Thread(target=send) for _ in range(12)]
+    threads = [threading.Thread(target=send) for _ in range(primaries)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert statuses == [200] * 12
+    assert statuses == [200] * primaries
     # The 12 streams start together; max_in_flight is 1, so all mirrors but one are dropped.
     assert series(http, "specgate_shadow_dropped_total", reason="shadow_limit") > dropped
     settle(http)

@@ -24,6 +24,7 @@ def _install(out: str) -> None:
 
     real = tokenizers.decoders.DecodeStream
     path = os.path.join(out, f"{os.getpid()}.json")
+    os.makedirs(out, exist_ok=True)
     gcs = {"n": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
     stats: dict = {"argv": " ".join(sys.orig_argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
     started = [0]
@@ -42,7 +43,6 @@ def _install(out: str) -> None:
         if stats["steps"] % (512 * 256) == 0:
             stats["frozen"] = gc.get_freeze_count()
         stats["threads"] = _thread_cpu()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(stats, f)
 
