@@ -10,7 +10,7 @@ not measured is None (null in JSON), never a made-up zero.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -60,6 +60,15 @@ class Timing:
     @property
     def time_per_output_token_s(self) -> float | None:
         return 1.0 / self.decode_tokens_per_s if self.decode_tokens_per_s else None
+
+    def to_dict(self) -> dict[str, float | None]:
+        # Not dataclasses.asdict: it deep-copies every value, once per answer.
+        return {
+            "ttft_s": self.ttft_s,
+            "queue_s": self.queue_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "e2e_s": self.e2e_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ class RequestRecord:
             "num_spec_steps": spec.num_spec_steps if spec else None,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
-            **asdict(self.timing),
+            **self.timing.to_dict(),
             "route": self.route.to_dict() if self.route else None,
         }
 

@@ -52,6 +52,19 @@ class AnswerWriter:
         self.started = False  # response headers have gone to the client
 
     async def send(self, message: ASGIMessage) -> None:
+        tap = self._tap
+        if (
+            self._stream
+            and not self._held
+            and (tap is None or not tap.finished)
+            and message.get("more_body", False)
+            and message["type"] == "http.response.body"
+            and not message.get("body", b"").startswith(ERROR_EVENT)
+        ):
+            # Every event while the engine still generates: passed on as it is,
+            # with no further call (this runs once per streamed event).
+            await self._send(message)
+            return
         if message["type"] == "http.response.start":
             await self._on_start(message)
         elif message["type"] == "http.response.body":

@@ -66,7 +66,10 @@ class Watchdog:
         # The loop's clock is time.monotonic, the clock's own.
         self._total_end = None if total is None else clock.started + total
         self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[object] | None = None  # the task waiting now, if any
+        self._armed = 0.0  # when the timer fires (loop time)
+        # The task waiting now, if any. `idle()` clears it; the tap clears it itself,
+        # once per engine output, where even a method call shows.
+        self.waiter: asyncio.Task[object] | None = None
         self._deadline = 0.0  # loop time at which the current wait runs out
         self._by_total = False  # the current wait ends at the total limit, not the idle one
         self._expired = False
@@ -79,28 +82,32 @@ class Watchdog:
             deadline, self._by_total = self._total_end, True
             if deadline <= now:
                 raise self._error()
-        self._task = asyncio.current_task()
+        self.waiter = asyncio.current_task()
         self._deadline = deadline
         handle = self._handle
-        if handle is None or handle.when() > deadline:  # the total may end a wait early
+        if handle is None or self._armed > deadline:  # the total may end a wait early
             if handle is not None:
                 handle.cancel()
-            self._handle = self._loop.call_at(deadline, self._check)
+            self._arm(deadline)
 
     def idle(self) -> None:
         """The wait got its output."""
-        self._task = None
+        self.waiter = None
+
+    def _arm(self, when: float) -> None:
+        self._armed = when
+        self._handle = self._loop.call_at(when, self._check)
 
     def _check(self) -> None:
         self._handle = None
         now = self._loop.time()
-        if self._task is None:  # between waits: the next one starts its own budget
-            self._handle = self._loop.call_at(now + self._idle, self._check)
+        if self.waiter is None:  # between waits: the next one starts its own budget
+            self._arm(now + self._idle)
         elif now >= self._deadline:
             self._expired = True
-            self._task.cancel()
+            self.waiter.cancel()
         else:
-            self._handle = self._loop.call_at(self._deadline, self._check)
+            self._arm(self._deadline)
 
     def expired(self) -> EngineTimeoutError | None:
         """After a `CancelledError`: the clock's error if the watchdog caused it (the

@@ -56,8 +56,12 @@ class RequestTap:
         self.clock = clock
         # Set when the request failed below the serving layer: out of time, or the engine died.
         self.failure: EngineTimeoutError | EngineUnavailableError | None = None
+        # The engine has given its last output (of every prompt of a batch), or a
+        # remote engine's record was set. An attribute, not a property: the answer's
+        # writer reads it for every streamed event.
+        self.finished = False
         self._streams: list[_Stream] = []
-        self._open = 0  # streams without their final output yet (read for every streamed event)
+        self._open = 0  # streams without their final output yet
         self._record: RequestRecord | None = None
 
     @property
@@ -65,15 +69,9 @@ class RequestTap:
         """The request reached the engine (a generation began)."""
         return bool(self._streams) or self._record is not None
 
-    @property
-    def finished(self) -> bool:
-        """The engine has given its last output (every prompt of a batch)."""
-        if self._record is not None:
-            return True
-        return bool(self._streams) and self._open == 0
-
     def set_record(self, record: RequestRecord) -> None:
         self._record = record
+        self.finished = True
 
     def record(self) -> RequestRecord | None:
         if self._record is None and self.finished:
@@ -97,27 +95,31 @@ class RequestTap:
         stream = _Stream()
         self._streams.append(stream)
         self._open += 1
+        self.finished = False
         dog = self.clock.watchdog() if self.clock is not None else None
+        # Runs once per engine output: no call here that the loop can do without.
         try:
-            while True:
-                try:
-                    if dog is None:
-                        out = await anext(outputs)
-                    else:
-                        dog.waiting()
-                        out = await anext(outputs)
-                        dog.idle()
-                except StopAsyncIteration:
-                    return
-                except asyncio.CancelledError:
-                    expired = dog.expired() if dog is not None else None
-                    if expired is None:
-                        raise
-                    raise expired from None
+            if dog is None:
+                async for out in outputs:
+                    stream.see(out)
+                    if out.finished:
+                        self._end_stream()
+                    yield out
+                return
+            dog.waiting()
+            async for out in outputs:
+                dog.waiter = None  # got it: the time until the next wait is the client's
                 stream.see(out)
                 if out.finished:
-                    self._open -= 1
+                    self._end_stream()
                 yield out
+                dog.waiting()
+        except asyncio.CancelledError:
+            expired = dog.expired() if dog is not None else None
+            if expired is None:
+                raise
+            self.failure = expired
+            raise expired from None
         except EngineTimeoutError as exc:
             self.failure = exc
             raise
@@ -129,6 +131,10 @@ class RequestTap:
                 dog.close()
             # Closing vLLM's generator early aborts the request in the engine.
             await outputs.aclose()  # type: ignore[attr-defined]
+
+    def _end_stream(self) -> None:
+        self._open -= 1
+        self.finished = self._open == 0
 
 
 class TappedEngineClient:

@@ -18,7 +18,6 @@ from argparse import Namespace
 from dataclasses import replace
 from typing import Any
 
-from fastapi import FastAPI
 from pydantic import ValidationError
 from vllm import AsyncEngineArgs, SamplingParams
 from vllm.config import VllmConfig
@@ -39,7 +38,7 @@ from app.engines.base import (
 )
 from app.engines.core_links import CoreLinks
 from app.engines.tap import TappedEngineClient
-from app.engines.vllm_serving import build_serving_app, serving_args
+from app.engines.vllm_serving import ServingRoutes, build_serving_app, serving_args
 from app.engines.vllm_stats import (
     SchedulerSnapshot,
     SilentPrometheusStatLogger,
@@ -136,7 +135,7 @@ class LocalVLLMEngine:
         self._vllm_config: VllmConfig | None = None
         self._llm: AsyncLLM | None = None
         self._args: Namespace | None = None
-        self._serving: FastAPI | None = None
+        self._serving: ServingRoutes | None = None
         # Set once start() has finished (serving layer built, warm-up answered): /ready and
         # the stats say "up" only then, not as soon as AsyncLLM exists mid-(re)start.
         self._started = False
@@ -171,7 +170,7 @@ class LocalVLLMEngine:
         # EngineCore start-up blocks for tens of seconds: off the event loop.
         await asyncio.to_thread(self._start_blocking)
         assert self._args is not None
-        self._serving = await build_serving_app(TappedEngineClient(self.llm), self._args)
+        self._serving = ServingRoutes(await build_serving_app(TappedEngineClient(self.llm), self._args))
         await self.warm_up()
         self._started = True
 

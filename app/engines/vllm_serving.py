@@ -9,13 +9,18 @@ error and streamed event of a request routed to the engine is vLLM's.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from argparse import Namespace
+from contextlib import AsyncExitStack
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from vllm import __version__ as VLLM_VERSION
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
@@ -23,7 +28,7 @@ from vllm.exceptions import VLLMError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from app.config import ModelConfig
-from app.engines.base import EngineConfigError, EngineId
+from app.engines.base import ASGIReceive, ASGIScope, ASGISend, EngineConfigError, EngineId
 from app.engines.vllm_command import serve_args
 
 # vLLM 0.33 moved `vllm serve`'s parser and its start-up checks to entrypoints.common
@@ -39,12 +44,16 @@ else:
     from vllm.entrypoints.launchers.launcher import validate_api_server_args
 
 __all__ = [
+    "ServingRoutes",
     "build_serving_app",
     "make_arg_parser",
     "serving_args",
     "validate_api_server_args",
     "validate_parsed_serve_args",
 ]
+
+
+logger = logging.getLogger("specgate")
 
 
 class _Refusal(Exception):
@@ -103,3 +112,79 @@ async def build_serving_app(engine_client: Any, args: Namespace) -> FastAPI:
     app.middleware_stack = None  # Starlette builds it at the first request
     served: FastAPI = app
     return served
+
+
+class ServingRoutes:
+    """vLLM's application as the gateway calls it: each of its own routes directly,
+    without the middleware stack around them.
+
+    That stack is Starlette's error middleware, CORS, vLLM's elastic-EP scaling
+    check and the exception middleware. Behind the gateway, every streamed event
+    passed through three of them, on top of the gateway's own layers. Each is
+    either the gateway's already or has nothing to do here:
+    - CORS is the gateway's policy (`cors_origins`), not vLLM's allow-all default;
+    - nothing scales an engine in the gateway;
+    - vLLM's exception handlers still answer every error, by the route's own
+      handling, the same way for the same exception.
+
+    When the serving options add middleware of their own (request-id headers, an
+    API key, `--middleware`), or a path is not one of the app's plain routes, the
+    whole application answers, as before."""
+
+    _SKIPPED: frozenset[Any] = frozenset({CORSMiddleware, PrometheusInstrumentatorMiddleware})
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        extra = [m.cls for m in app.user_middleware if m.cls not in self._SKIPPED and not _is_scaling(m.cls)]
+        self._routes: dict[tuple[str, str], APIRoute] = {}
+        if extra:
+            names = ", ".join(sorted(getattr(cls, "__name__", str(cls)) for cls in extra))
+            logger.info("vLLM's serving options add middleware (%s): its whole application answers", names)
+        else:
+            for route in app.router.routes:
+                if isinstance(route, APIRoute) and not route.param_convertors:
+                    for method in route.methods:
+                        self._routes[(route.path, method)] = route
+        exceptions: dict[Any, Any] = {}
+        statuses: dict[int, Any] = {}
+        for key, handler in app.exception_handlers.items():
+            if isinstance(key, int):
+                statuses[key] = handler
+            else:
+                exceptions[key] = handler
+        # Starlette gives the handler of Exception (or 500) to its error middleware,
+        # which logs the error and answers with it: the route's handling does both here.
+        fallback = exceptions.pop(Exception, None) or statuses.pop(500, None)
+        if fallback is not None:
+            exceptions[Exception] = _logged(fallback)
+        self._handlers = (exceptions, statuses)
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        route = self._routes.get((scope["path"], scope["method"]))
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        scope["app"] = self.app  # vLLM's handlers find their serving objects on app.state
+        scope["router"] = self.app.router
+        scope["route"] = route
+        scope["endpoint"] = route.endpoint
+        scope["path_params"] = {}
+        scope["starlette.exception_handlers"] = self._handlers
+        async with AsyncExitStack() as stack:
+            scope["fastapi_middleware_astack"] = stack
+            await route.app(scope, receive, send)
+
+
+def _is_scaling(cls: Any) -> bool:
+    # By name: vLLM has moved its modules between releases (0.32 here, 0.33 on GPUs).
+    return getattr(cls, "__name__", "") == "ScalingMiddleware"
+
+
+def _logged(handler: Any) -> Any:
+    async def answer(request: Request, exc: Exception) -> Response:
+        logger.error("error in vLLM's serving layer on %s", request.url.path, exc_info=exc)
+        response = handler(request, exc)
+        answered: Response = await response if inspect.isawaitable(response) else response
+        return answered
+
+    return answer

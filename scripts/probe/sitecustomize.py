@@ -6,10 +6,15 @@ vLLM's incremental detokenizer, per call.
 
     PYTHONPATH=.:scripts/probe PROBE_OUT=/tmp/probe python scripts/overhead.py ...
 
+PROBE_CALLS=1 also profiles the main thread (cProfile) from the first detokenized
+token on, written to `PROBE_OUT/<pid>.prof`: calls per function, to compare what
+each process runs per request.
+
 PROBE_NO_FREEZE=1 makes `gc.freeze` a no-op in the gateway (not in `vllm serve`):
 the gateway as it was before it froze its start-up heap, for a before/after run.
 """
 
+import cProfile
 import gc
 import json
 import os
@@ -28,6 +33,7 @@ def _install(out: str) -> None:
     gcs = {"n": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
     stats: dict = {"argv": " ".join(sys.orig_argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
     started = [0]
+    calls = cProfile.Profile() if os.environ.get("PROBE_CALLS") else None
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
@@ -43,6 +49,9 @@ def _install(out: str) -> None:
         if stats["steps"] % (512 * 256) == 0:
             stats["frozen"] = gc.get_freeze_count()
         stats["threads"] = _thread_cpu()
+        if calls is not None:
+            calls.dump_stats(os.path.join(out, f"{os.getpid()}.prof"))  # stops the profile
+            calls.enable()
         with open(path, "w") as f:
             json.dump(stats, f)
 
@@ -59,6 +68,8 @@ def _install(out: str) -> None:
             stats["steps"] += 1
             if stats["steps"] == 1:
                 stats["gc_at_first_step"] = json.loads(json.dumps(gcs))
+                if calls is not None:
+                    calls.enable()
             if stats["steps"] % 512 == 0:
                 dump()
             return text
