@@ -111,6 +111,16 @@ def test_stream_sse_framing(http: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_no_cors_unless_configured(http: httpx.Client, stream: bool) -> None:
+    # CORS is the gateway's policy (off here): no engine's application answers a
+    # browser's origin in its place.
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, "stream": stream}
+    reply = http.post("/v1/chat/completions", json=body, headers={"Origin": "https://elsewhere.example"})
+    assert reply.status_code == 200
+    assert not [name for name in reply.headers if name.lower().startswith("access-control-")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_completions(client: openai.OpenAI, stream: bool) -> None:
     kwargs: dict[str, Any] = {
         "model": f"{MODEL}:ngram",

@@ -227,6 +227,15 @@ def test_serving_options_are_checked_by_vllms_parser(serving: dict[str, Any], ex
         pytest.fail("accepted")
 
 
+@pytest.mark.parametrize(
+    ("extra", "origins"), [({}, []), ({"allowed_origins": '["https://a.example"]'}, ["https://a.example"])]
+)
+def test_engines_allow_no_cors_origin_unless_named(extra: dict[str, Any], origins: list[str]) -> None:
+    # CORS is the gateway's policy; an engine's application answers origins only where its serving options name them.
+    config = parse_config({"models": {"m": model(serving={"extra_args": extra})}}, source="cfg.yaml")
+    assert serving_args(EngineId("m", "none"), config.models["m"]).allowed_origins == origins
+
+
 def test_a_serving_flag_among_engine_args_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"models\.m\.engine\.extra_args.*reasoning_parser is a serving flag"):
         parse_config({"models": {"m": model(engine={"extra_args": {"reasoning_parser": "qwen3"}})}}, source="c.yaml")

@@ -1,7 +1,7 @@
 """`ServingRoutes`: vLLM's routes called without its application's middleware stack,
 answering every error with the application's own exception handlers. A small
 FastAPI application stands in for vLLM's (built as vLLM builds its own: CORS
-middleware, handlers for ValueError and for Exception), so that the error paths a
+middleware allowing no origin, handlers for ValueError and for Exception), so that the error paths a
 real engine cannot be made to take on demand are exercised; test_parity compares
 the real routes with `vllm serve`."""
 
@@ -30,9 +30,9 @@ class Marker:
         await self.app(scope, receive, send)
 
 
-def application(*middleware: type) -> FastAPI:
+def application(*middleware: type, origins: tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI()
-    app.add_middleware(CORSMiddleware, allow_origins=["*"])
+    app.add_middleware(CORSMiddleware, allow_origins=list(origins))
     for cls in middleware:
         app.add_middleware(cls)
     app.state.answer = "from app.state"
@@ -95,7 +95,6 @@ def test_a_route_is_called_directly_with_the_apps_state() -> None:
     status, headers, body = call(ServingRoutes(application()), "/v1/ok", ((b"origin", b"http://elsewhere"),))
     assert status == 200
     assert body == b'{"state":"from app.state","marked":false}'
-    # vLLM's allow-all CORS does not answer for the gateway, whose own policy applies.
     assert b"access-control-allow-origin" not in headers
 
 
@@ -110,9 +109,15 @@ def test_errors_get_the_apps_own_handlers(caplog: pytest.LogCaptureFixture) -> N
 
 
 def test_other_middleware_keeps_the_whole_application() -> None:
-    status, headers, body = call(ServingRoutes(application(Marker)), "/v1/ok", ((b"origin", b"http://elsewhere"),))
+    status, _, body = call(ServingRoutes(application(Marker)), "/v1/ok")
     assert status == 200
     assert body == b'{"state":"from app.state","marked":true}'
+
+
+def test_origins_named_in_the_serving_options_keep_vllms_cors() -> None:
+    routes = ServingRoutes(application(origins=("*",)))
+    status, headers, _ = call(routes, "/v1/ok", ((b"origin", b"http://elsewhere"),))
+    assert status == 200
     assert headers[b"access-control-allow-origin"] == b"*"
 
 

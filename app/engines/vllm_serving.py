@@ -85,6 +85,10 @@ def serving_args(engine_id: EngineId, model: ModelConfig) -> Namespace:
         raise EngineConfigError(f"vLLM rejected the serving options of engine {engine_id}: {first}") from None
     # Responses name the engine (`model:method`), as every specgate answer does.
     args.served_model_name = [str(engine_id)]
+    # CORS is the gateway's policy (`cors_origins`): vLLM's application allows no
+    # origin of its own unless the serving options name some (older vLLMs allowed all).
+    if "allowed_origins" not in model.serving.extra_args:
+        args.allowed_origins = []
     parsed: Namespace = args
     return parsed
 
@@ -118,24 +122,23 @@ class ServingRoutes:
     """vLLM's application as the gateway calls it: each of its own routes directly,
     without the middleware stack around them.
 
-    That stack is Starlette's error middleware, CORS, vLLM's elastic-EP scaling
+    That stack is Starlette's error middleware, vLLM's CORS, its elastic-EP scaling
     check and the exception middleware. Behind the gateway, every streamed event
-    passed through three of them, on top of the gateway's own layers. Each is
-    either the gateway's already or has nothing to do here:
-    - CORS is the gateway's policy (`cors_origins`), not vLLM's allow-all default;
+    passed through three of them, on top of the gateway's own layers, and none has
+    anything to do there:
+    - vLLM's CORS allows no origin unless its serving options name some (CORS is
+      the gateway's policy, `cors_origins`);
     - nothing scales an engine in the gateway;
     - vLLM's exception handlers still answer every error, by the route's own
       handling, the same way for the same exception.
 
-    When the serving options add middleware of their own (request-id headers, an
-    API key, `--middleware`), or a path is not one of the app's plain routes, the
-    whole application answers, as before."""
-
-    _SKIPPED: frozenset[Any] = frozenset({CORSMiddleware, PrometheusInstrumentatorMiddleware})
+    When the serving options add middleware of their own (CORS origins, request-id
+    headers, an API key, `--middleware`), or a path is not one of the app's plain
+    routes, the whole application answers, as before."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
-        extra = [m.cls for m in app.user_middleware if m.cls not in self._SKIPPED and not _is_scaling(m.cls)]
+        extra = [m.cls for m in app.user_middleware if not _idle(m)]
         self._routes: dict[tuple[str, str], APIRoute] = {}
         if extra:
             names = ", ".join(sorted(getattr(cls, "__name__", str(cls)) for cls in extra))
@@ -175,9 +178,13 @@ class ServingRoutes:
             await route.app(scope, receive, send)
 
 
-def _is_scaling(cls: Any) -> bool:
-    # By name: vLLM has moved its modules between releases (0.32 here, 0.33 on GPUs).
-    return getattr(cls, "__name__", "") == "ScalingMiddleware"
+def _idle(middleware: Any) -> bool:
+    """Middleware of vLLM's application that does nothing behind the gateway."""
+    cls, options = middleware.cls, middleware.kwargs
+    if cls is CORSMiddleware:
+        return not options.get("allow_origins") and not options.get("allow_origin_regex")
+    # The scaling check by name: vLLM has moved its modules between releases (0.32 here, 0.33 on GPUs).
+    return cls is PrometheusInstrumentatorMiddleware or getattr(cls, "__name__", "") == "ScalingMiddleware"
 
 
 def _logged(handler: Any) -> Any:

@@ -6,9 +6,9 @@ vLLM's incremental detokenizer, per call.
 
     PYTHONPATH=.:scripts/probe PROBE_OUT=/tmp/probe python scripts/overhead.py ...
 
-PROBE_CALLS=1 also profiles the main thread (cProfile) from the first detokenized
-token on, written to `PROBE_OUT/<pid>.prof`: calls per function, to compare what
-each process runs per request.
+PROBE_CALLS=K also profiles the main thread (cProfile) from the K-th detokenized
+token on (past the warm-up requests), written to `PROBE_OUT/<pid>.prof` every 512
+tokens: calls per function, to compare what each process runs per token.
 
 PROBE_NO_FREEZE=1 makes `gc.freeze` a no-op in the gateway (not in `vllm serve`):
 the gateway as it was before it froze its start-up heap, for a before/after run.
@@ -34,6 +34,7 @@ def _install(out: str) -> None:
     stats: dict = {"argv": " ".join(sys.orig_argv)[:160], "steps": 0, "step_ns": 0, "gc": gcs, "gc_at_first_step": None}
     started = [0]
     calls = cProfile.Profile() if os.environ.get("PROBE_CALLS") else None
+    calls_from = int(os.environ.get("PROBE_CALLS") or 0)
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
@@ -49,7 +50,7 @@ def _install(out: str) -> None:
         if stats["steps"] % (512 * 256) == 0:
             stats["frozen"] = gc.get_freeze_count()
         stats["threads"] = _thread_cpu()
-        if calls is not None:
+        if calls is not None and stats["steps"] >= calls_from:
             calls.dump_stats(os.path.join(out, f"{os.getpid()}.prof"))  # stops the profile
             calls.enable()
         with open(path, "w") as f:
@@ -68,8 +69,9 @@ def _install(out: str) -> None:
             stats["steps"] += 1
             if stats["steps"] == 1:
                 stats["gc_at_first_step"] = json.loads(json.dumps(gcs))
-                if calls is not None:
-                    calls.enable()
+            if calls is not None and stats["steps"] == calls_from:
+                stats["calls_from"] = calls_from
+                calls.enable()
             if stats["steps"] % 512 == 0:
                 dump()
             return text
