@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from app.record import RequestRecord, SpecCounts, Timing
@@ -56,3 +58,8 @@ def test_combining_sequences_adds_counts() -> None:
     total = SpecCounts.combine([SpecCounts((1, 2, 0), 6), SpecCounts((0, 0, 3), 6)])
     assert total.acceptance_histogram == (1, 2, 3)
     assert total.num_accepted_draft_tokens == 8 and total.num_draft_tokens == 12
+
+
+def test_timing_in_the_record_has_every_field() -> None:
+    timing = Timing(ttft_s=0.1, queue_s=0.01, decode_tokens_per_s=50.0, e2e_s=1.2)
+    assert timing.to_dict() == dataclasses.asdict(timing)
