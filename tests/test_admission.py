@@ -169,7 +169,7 @@ async def watched(limits: RequestClock, gaps: list[float], between: float = 0.0,
                     if expired is None:
                         raise
                     raise expired from None
-                dog.idle()
+                dog.waiter = None  # the wait got its output, as the tap marks it
 
             await (asyncio.create_task(one()) if tasks else one())
             got += 1

@@ -53,7 +53,7 @@ class Watchdog:
     output comes every millisecond or two, and a timer armed and cancelled per output
     (plus its context manager) was a measurable part of the gateway's per-token cost.
 
-    `waiting()` before each wait and `idle()` after it cost two clock reads; the timer
+    `waiting()` before each wait (a clock read) and clearing `waiter` after it; the timer
     fires about once per idle period, checks the wait then in progress, and cancels the
     waiting task only if that wait has run out of time. `expired()` then turns the
     cancellation into the clock's `EngineTimeoutError`."""
@@ -67,8 +67,8 @@ class Watchdog:
         self._total_end = None if total is None else clock.started + total
         self._handle: asyncio.TimerHandle | None = None
         self._armed = 0.0  # when the timer fires (loop time)
-        # The task waiting now, if any. `idle()` clears it; the tap clears it itself,
-        # once per engine output, where even a method call shows.
+        # The task waiting now, if any: the waiter clears it when its wait has its
+        # output (an attribute, not a method: the tap does so once per engine output).
         self.waiter: asyncio.Task[object] | None = None
         self._deadline = 0.0  # loop time at which the current wait runs out
         self._by_total = False  # the current wait ends at the total limit, not the idle one
@@ -89,10 +89,6 @@ class Watchdog:
             if handle is not None:
                 handle.cancel()
             self._arm(deadline)
-
-    def idle(self) -> None:
-        """The wait got its output."""
-        self.waiter = None
 
     def _arm(self, when: float) -> None:
         self._armed = when

@@ -65,7 +65,7 @@ async def answer(engine: Upstream, scope: ASGIScope, receive: ASGIReceive, send:
         if not message.get("more_body"):
             break
     tap = CURRENT_TAP.get()
-    clock = tap.clock if tap is not None and tap.clock is not None else RequestClock(engine.id)
+    clock = tap.clock if tap is not None else RequestClock(engine.id)
     relay = _Relay(engine, scope["path"], json.loads(body), tap)
     async with _closed_by_disconnect(receive):
         call = await engine.open(scope["path"], relay.upstream_payload(), f"specgate-{uuid.uuid4().hex}", clock)

@@ -51,7 +51,7 @@ class _Stream:
 
 
 class RequestTap:
-    def __init__(self, info: EngineInfo, clock: RequestClock | None = None) -> None:
+    def __init__(self, info: EngineInfo, clock: RequestClock) -> None:
         self.info = info
         self.clock = clock
         # Set when the request failed below the serving layer: out of time, or the engine died.
@@ -96,16 +96,9 @@ class RequestTap:
         self._streams.append(stream)
         self._open += 1
         self.finished = False
-        dog = self.clock.watchdog() if self.clock is not None else None
+        dog = self.clock.watchdog()
         # Runs once per engine output: no call here that the loop can do without.
         try:
-            if dog is None:
-                async for out in outputs:
-                    stream.see(out)
-                    if out.finished:
-                        self._end_stream()
-                    yield out
-                return
             dog.waiting()
             async for out in outputs:
                 dog.waiter = None  # got it: the time until the next wait is the client's
@@ -115,7 +108,7 @@ class RequestTap:
                 yield out
                 dog.waiting()
         except asyncio.CancelledError:
-            expired = dog.expired() if dog is not None else None
+            expired = dog.expired()
             if expired is None:
                 raise
             self.failure = expired
@@ -127,8 +120,7 @@ class RequestTap:
             self.failure = EngineUnavailableError(f"engine {self.info.id} failed: EngineDeadError")
             raise
         finally:
-            if dog is not None:
-                dog.close()
+            dog.close()
             # Closing vLLM's generator early aborts the request in the engine.
             await outputs.aclose()  # type: ignore[attr-defined]
 
