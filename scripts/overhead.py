@@ -11,6 +11,10 @@ API process alone (not its EngineCore or worker) per output token.
 
     .venv/bin/python scripts/overhead.py --concurrency 1,8,16 --passes 2 --out docs/benchmarks/overhead-cpu
 
+`--control` adds a second `vllm serve` of the same engine, measured in the same
+rotation: its ratio to the first is what the setup alone gives (order, warmth,
+the shared GPU), the noise floor of the specgate ratios.
+
 `--engine '{"dtype": "bfloat16", ...}'` overrides the engine's settings (a GPU run:
 scripts/gpu_runs.py). `--profile C` adds one unrecorded run per server at
 concurrency C under py-spy (collapsed stacks of the API process, for flame graphs).
@@ -44,6 +48,7 @@ from app.config import EngineSettings, Settings, SpecgateConfig
 from app.engines.vllm_command import VLLM_SERVE, as_vllm_serve_runs, serve_args
 
 MODEL = "smollm2"
+CONTROL = "vllm serve (control)"
 KEEP = ("completed", "total_output_tokens", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")
 
 
@@ -120,12 +125,39 @@ def measure(
 ) -> dict[str, Any]:
     api = psutil.Process(server.proc.pid)  # the API process only: EngineCore and workers are its children
     prompts = args.prompts.get(concurrency) or max(args.min_prompts, args.prompts_per_client * concurrency)
-    before = api.cpu_times()
+    cores = api.children(recursive=True)
+    before, cores_before = _cpu_s(api), _cpu_s(*cores)
     result = bench(server.url, model, tokenizer, concurrency, prompts, args)
-    after = api.cpu_times()
-    cpu_s = (after.user - before.user) + (after.system - before.system)
+    cpu_s, core_s = _cpu_s(api) - before, _cpu_s(*cores) - cores_before
     tokens = result["total_output_tokens"]
-    return {**result, "api_cpu_s": cpu_s, "api_cpu_ms_per_token": 1000 * cpu_s / tokens if tokens else None}
+    # The engine side too (EngineCore and its workers): the same engine should cost the same.
+    return {
+        **result,
+        "api_cpu_s": cpu_s,
+        "api_cpu_ms_per_token": 1000 * cpu_s / tokens if tokens else None,
+        "core_cpu_ms_per_token": 1000 * core_s / tokens if tokens else None,
+    }
+
+
+def _cpu_s(*processes: psutil.Process) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def rotated(names: list[str], k: int) -> list[str]:
+    """The servers' order in run k: with two, alternating; with three, each one first,
+    second and third in turn (and a reversed cycle every other round, so that no
+    server always follows the same one)."""
+    if len(names) == 2:
+        return names if k % 2 == 0 else names[::-1]
+    turn = names[k % len(names) :] + names[: k % len(names)]
+    return turn if (k // len(names)) % 2 == 0 else turn[::-1]
 
 
 def per_concurrency(text: str) -> dict[int, int]:
@@ -150,6 +182,7 @@ def main() -> int:
         help="requests per run at given concurrencies, e.g. 16:1024,64:2048 (long runs on a fast GPU)",
     )
     parser.add_argument("--engine", type=json.loads, default={}, help="engine settings to override (JSON)")
+    parser.add_argument("--control", action="store_true", help="a second vllm serve, the setup's noise floor")
     parser.add_argument("--profile", type=int, default=0, help="one more run per server at this concurrency, profiled")
     parser.add_argument("--out", type=Path, default=Path("bench-results/overhead"))
     args = parser.parse_args()
@@ -166,6 +199,10 @@ def main() -> int:
         "vllm serve": (start_server(line, port, args.out / "vllm-serve.log", "vllm serve", "/v1/models"), MODEL),
         "specgate": (start_gateway(args.out / "specgate.log", args.out / "specgate.yaml"), f"{MODEL}:{args.method}"),
     }
+    if args.control:
+        port = free_port()
+        line = [*line[:-1], str(port)]
+        servers[CONTROL] = (start_server(line, port, args.out / "vllm-serve-control.log", CONTROL, "/v1/models"), MODEL)
     runs: list[dict[str, Any]] = []
     try:
         for name, (server, _) in servers.items():
@@ -177,7 +214,7 @@ def main() -> int:
         cells = [int(c) for c in args.concurrency.split(",")]
         for p in range(args.passes):
             for i, c in enumerate(cells):
-                order = list(servers) if (p + i) % 2 == 0 else list(reversed(servers))
+                order = rotated(list(servers), p + i)
                 for name in order:
                     server, served = servers[name]
                     run = {
@@ -192,6 +229,8 @@ def main() -> int:
             # Written after every pass: a run cut short still leaves its figures.
             (args.out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
         for name, (server, served) in servers.items() if args.profile else ():
+            if name == CONTROL:
+                continue
             out = args.out / f"profile-{name.replace(' ', '-')}-c{args.profile}.txt"
             with profiled(server.proc.pid, out):
                 # A measured run's prompts where given, else four times them: enough samples for a profile.
@@ -212,21 +251,25 @@ def _mean(runs: list[dict[str, Any]], server: str, c: int, key: str) -> float:
 
 def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
     out = []
+    control = any(r["server"] == CONTROL for r in runs)
     for c in sorted({r["concurrency"] for r in runs}):
         v, s = (lambda k, c=c: _mean(runs, "vllm serve", c, k)), (lambda k, c=c: _mean(runs, "specgate", c, k))
-        out.append(
-            [
-                str(c),
-                f"{v('output_throughput'):.1f}",
-                f"{s('output_throughput'):.1f}",
-                f"{s('output_throughput') / v('output_throughput'):.3f}",
-                f"{v('mean_tpot_ms'):.1f} / {s('mean_tpot_ms'):.1f}",
-                f"{v('mean_ttft_ms'):.0f} / {s('mean_ttft_ms'):.0f}",
-                f"{v('api_cpu_ms_per_token'):.3f}",
-                f"{s('api_cpu_ms_per_token'):.3f}",
-                f"{s('api_cpu_ms_per_token') / v('api_cpu_ms_per_token'):.3f}",
+        row = [
+            str(c),
+            f"{v('output_throughput'):.1f}",
+            f"{s('output_throughput'):.1f}",
+            f"{s('output_throughput') / v('output_throughput'):.3f}",
+            f"{v('mean_tpot_ms'):.1f} / {s('mean_tpot_ms'):.1f}",
+            f"{v('mean_ttft_ms'):.0f} / {s('mean_ttft_ms'):.0f}",
+            f"{v('api_cpu_ms_per_token'):.3f}",
+            f"{s('api_cpu_ms_per_token'):.3f}",
+            f"{s('api_cpu_ms_per_token') / v('api_cpu_ms_per_token'):.3f}",
+        ]
+        if control:
+            row += [
+                f"{_mean(runs, CONTROL, c, key) / v(key):.3f}" for key in ("output_throughput", "api_cpu_ms_per_token")
             ]
-        )
+        out.append(row)
     return out
 
 
@@ -243,15 +286,23 @@ HEADER = [
 ]
 
 
+CONTROL_HEADER = ["control ratio", "control CPU ratio"]
+
+
+def header(runs: list[dict[str, Any]]) -> list[str]:
+    return HEADER + CONTROL_HEADER if any(r["server"] == CONTROL for r in runs) else HEADER
+
+
 def summary(runs: list[dict[str, Any]]) -> Table:
-    table = Table(*HEADER, title="specgate against vllm serve, same engine (means over passes)")
+    table = Table(*header(runs), title="specgate against vllm serve, same engine (means over passes)")
     for row in rows(runs):
         table.add_row(*row)
     return table
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    names = header(runs)
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(runs)]
     return "\n".join(lines)
 
