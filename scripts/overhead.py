@@ -130,7 +130,8 @@ def measure(
     result = bench(server.url, model, tokenizer, concurrency, prompts, args)
     cpu_s, core_s = _cpu_s(api) - before, _cpu_s(*cores) - cores_before
     tokens = result["total_output_tokens"]
-    # The engine side too (EngineCore and its workers): the same engine should cost the same.
+    # The engine side too (EngineCore and its workers). On a GPU each EngineCore was one
+    # busy core through a run, so there this only restates the throughput (docs/benchmarks.md).
     return {
         **result,
         "api_cpu_s": cpu_s,
