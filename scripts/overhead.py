@@ -208,7 +208,7 @@ def main() -> int:
     try:
         for name, (server, _) in servers.items():
             server.wait_ready(START_TIMEOUT_S)
-            console.log(f"{name} ready {time.monotonic() - started:.0f} s after both were started")
+            console.log(f"{name} ready {time.monotonic() - started:.0f} s after the servers were started")
         for name, (server, served) in servers.items():  # one unrecorded warm-up each
             bench(server.url, served, model.target, 1, 4, args)
             console.log(f"{name} warmed up")
@@ -252,7 +252,7 @@ def _mean(runs: list[dict[str, Any]], server: str, c: int, key: str) -> float:
 
 def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
     out = []
-    control = any(r["server"] == CONTROL for r in runs)
+    control = has_control(runs)
     for c in sorted({r["concurrency"] for r in runs}):
         v, s = (lambda k, c=c: _mean(runs, "vllm serve", c, k)), (lambda k, c=c: _mean(runs, "specgate", c, k))
         row = [
@@ -291,7 +291,11 @@ CONTROL_HEADER = ["control ratio", "control CPU ratio"]
 
 
 def header(runs: list[dict[str, Any]]) -> list[str]:
-    return HEADER + CONTROL_HEADER if any(r["server"] == CONTROL for r in runs) else HEADER
+    return HEADER + CONTROL_HEADER if has_control(runs) else HEADER
+
+
+def has_control(runs: list[dict[str, Any]]) -> bool:
+    return any(r["server"] == CONTROL for r in runs)
 
 
 def summary(runs: list[dict[str, Any]]) -> Table:

@@ -8,7 +8,8 @@ write `LAT_OUT/<pid>.json`, one row per request that ran alone (concurrency 1):
     way out       the first `process_outputs` -> the first body write to the socket
     writes        the mean time between the request's body writes
 
-all in ms, then the counts of outputs and writes. Both servers run the same uvicorn
+all in ms, then the counts of outputs and writes (the file is rewritten every eighth
+row: up to seven last rows are not in it). Both servers run the same uvicorn
 and vLLM code below and above the gateway, so the rows compare the gateway's own path
 with `vllm serve`'s:
 
@@ -65,8 +66,9 @@ def _install(out: str) -> None:
     send = httptools_impl.RequestResponseCycle.send
 
     async def sent(self, message):  # type: ignore[no-untyped-def]
-        last = message["type"] == "http.response.body" and not message.get("more_body", False)
-        if message["type"] == "http.response.body" and st["first_out"] is not None:
+        body = message["type"] == "http.response.body"
+        last = body and not message.get("more_body", False)
+        if body and st["first_out"] is not None:
             now = time.perf_counter()
             if message.get("body"):  # vllm serve ends a stream with an empty message
                 if st["first_write"] is None:
